@@ -1,0 +1,131 @@
+"""Leaf layers with logical-axis annotations on every parameter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+Axes = tuple[str | None, ...]
+
+
+def param(value: jax.Array, axes: Axes) -> nnx.Param:
+    """A parameter carrying logical axis names (resolved to a mesh by `vidax.sharding`)."""
+    if len(axes) != value.ndim:
+        raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {value.shape}")
+    return nnx.Param(value, sharding=axes, eager_sharding=False)
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel + bias, with kernel (in, out) annotated by `axes`."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        axes: tuple[str | None, str | None],
+        use_bias: bool = True,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        kernel_init: Callable = nnx.initializers.lecun_normal(),
+        rngs: nnx.Rngs,
+    ):
+        self.kernel = param(kernel_init(rngs.params(), (in_features, out_features), param_dtype), axes)
+        self.bias = (
+            param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if use_bias else None
+        )
+        self.dtype = dtype
+
+    def __call__(self, x: Float[Array, "... i"]) -> Float[Array, "... o"]:
+        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale over the last axis, computed in float32."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps: float = 1e-6,
+        axes: tuple[str | None] = ("norm",),
+        param_dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs  # deterministic init
+        self.scale = param(jnp.ones((dim,), param_dtype), axes)
+        self.eps = eps
+
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis in float32, optionally without affine parameters."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        param_dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.eps = eps
+        self.scale = param(jnp.ones((dim,), param_dtype), ("norm",)) if elementwise_affine else None
+        self.bias = param(jnp.zeros((dim,), param_dtype), ("norm",)) if elementwise_affine else None
+
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        return layer_norm(x, self.eps, self.scale, self.bias)
+
+
+def layer_norm(x, eps: float, scale=None, bias=None):
+    """Float32 layer norm of the last axis; returns x's dtype."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if scale is not None:
+        y = y * scale[...].astype(jnp.float32)
+    if bias is not None:
+        y = y + bias[...].astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+class FeedForward(nnx.Module):
+    """Linear(d->f) -> activation -> Linear(f->d)."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        *,
+        activation: Callable[[jax.Array], jax.Array] = lambda x: jax.nn.gelu(x, approximate=True),
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_in = Linear(dim, hidden, axes=("embed", "mlp"), **kw)
+        self.proj_out = Linear(hidden, dim, axes=("mlp", "embed"), **kw)
+        self.activation = activation
+
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        return self.proj_out(self.activation(self.proj_in(x)))
+
+
+def modulate(x: Float[Array, "b l d"], shift, scale) -> Float[Array, "b l d"]:
+    """adaLN modulation x * (1 + scale) + shift in float32 (shift/scale broadcast over l)."""
+    xf = x.astype(jnp.float32)
+    return xf * (1.0 + scale.astype(jnp.float32)) + shift.astype(jnp.float32)

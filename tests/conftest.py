@@ -1,0 +1,43 @@
+"""Test set-up: 8 CPU devices, strict promotion, slow-test gating.
+
+Environment must be set before jax is imported anywhere, hence module level.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow") or os.environ.get("VIDAX_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: use --runslow or VIDAX_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_threads():
+    """Keep torch from oversubscribing the (small) CI machine when it is present."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    yield
