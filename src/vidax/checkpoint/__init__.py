@@ -1,14 +1,19 @@
 """Checkpoint I/O: streaming safetensors reading and declarative key maps."""
 
-from vidax.checkpoint.keymap import Rule, export_state, load_state
+from vidax.checkpoint.keymap import LINEAR, Rule, export_state, linear_rules, load_state
+from vidax.checkpoint.model_io import load_model, save_model
 from vidax.checkpoint.safetensors import CheckpointError, CheckpointReader, open_checkpoint, save_file
 
 __all__ = [
     "CheckpointError",
     "CheckpointReader",
+    "LINEAR",
     "Rule",
     "export_state",
+    "linear_rules",
+    "load_model",
     "load_state",
     "open_checkpoint",
     "save_file",
+    "save_model",
 ]

@@ -198,6 +198,11 @@ def param_shardings(state: nnx.State, mesh: Mesh | None = None, strategy=None) -
         value = variable.get_value()
         if axes is None:
             axes = (None,) * value.ndim
+        if len(axes) != value.ndim:
+            raise ValueError(
+                f"parameter of shape {value.shape} has {len(axes)} logical axes {axes}; "
+                "stacked layers need nnx.vmap(transform_metadata={nnx.PARTITION_NAME: 'layers'})"
+            )
         return NamedSharding(mesh, logical_to_spec(axes, rules, mesh, value.shape))
 
     return jax.tree.map(one, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
