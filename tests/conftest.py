@@ -1,4 +1,4 @@
-"""Test set-up: 8 CPU devices, strict promotion, slow-test gating.
+"""Test set-up: 8 CPU devices, strict dtype promotion, slow-test gating.
 
 Environment must be set before jax is imported anywhere, hence module level.
 """
@@ -14,7 +14,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 

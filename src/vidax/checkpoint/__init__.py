@@ -2,12 +2,17 @@
 
 from vidax.checkpoint.keymap import LINEAR, Rule, export_state, linear_rules, load_state
 from vidax.checkpoint.model_io import load_model, save_model
-from vidax.checkpoint.safetensors import CheckpointError, CheckpointReader, open_checkpoint, save_file
+from vidax.checkpoint.safetensors import (
+    CheckpointError,
+    CheckpointReader,
+    open_checkpoint,
+    save_file,
+)
 
 __all__ = [
+    "LINEAR",
     "CheckpointError",
     "CheckpointReader",
-    "LINEAR",
     "Rule",
     "export_state",
     "linear_rules",

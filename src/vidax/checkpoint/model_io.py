@@ -27,7 +27,7 @@ def load_model(
     With `mesh`, every parameter is placed directly with the sharding its logical axes get
     under `strategy` (see `vidax.sharding`), so no device ever holds the whole model.
     """
-    from vidax.sharding import param_shardings  # noqa: PLC0415 (avoid import cycle)
+    from vidax.sharding import param_shardings
 
     abstract = nnx.eval_shape(build)
     graphdef, abstract_state = nnx.split(abstract)

@@ -68,7 +68,9 @@ class _File:
                 shape = tuple(int(s) for s in info["shape"])
                 start, end = (int(o) for o in info["data_offsets"])
             except KeyError as e:
-                raise CheckpointError(f"{path}: tensor {key!r} has a bad header entry ({e})") from None
+                raise CheckpointError(
+                    f"{path}: tensor {key!r} has a bad header entry ({e})"
+                ) from None
             if end - start != math.prod(shape) * dtype.itemsize:
                 raise CheckpointError(
                     f"{path}: tensor {key!r} has {end - start} bytes for shape {shape} {dtype}"
@@ -101,7 +103,9 @@ class CheckpointReader(Mapping[str, np.ndarray]):
         for f in self.files:
             for key in f.entries:
                 if key in self._where:
-                    raise CheckpointError(f"tensor {key!r} appears in both {self._where[key].path} and {f.path}")
+                    raise CheckpointError(
+                        f"tensor {key!r} appears in both {self._where[key].path} and {f.path}"
+                    )
                 self._where[key] = f
 
     def __getitem__(self, key: str) -> np.ndarray:

@@ -16,7 +16,7 @@ def param(value: jax.Array, axes: Axes) -> nnx.Param:
     """A parameter carrying logical axis names (resolved to a mesh by `vidax.sharding`)."""
     if len(axes) != value.ndim:
         raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {value.shape}")
-    return nnx.Param(value, sharding=axes, eager_sharding=False)
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
 class Linear(nnx.Module):
@@ -34,10 +34,10 @@ class Linear(nnx.Module):
         kernel_init: Callable = nnx.initializers.lecun_normal(),
         rngs: nnx.Rngs,
     ):
-        self.kernel = param(kernel_init(rngs.params(), (in_features, out_features), param_dtype), axes)
-        self.bias = (
-            param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if use_bias else None
+        self.kernel = param(
+            kernel_init(rngs.params(), (in_features, out_features), param_dtype), axes
         )
+        self.bias = param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if use_bias else None
         self.dtype = dtype
 
     def __call__(self, x: Float[Array, "... i"]) -> Float[Array, "... o"]:

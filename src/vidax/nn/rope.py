@@ -50,7 +50,9 @@ def rope_angles(
     return jnp.concatenate(parts, axis=-1)
 
 
-def apply_rope(x: Float[Array, "b l n k"], angles: Float[Array, "l k/2"]) -> Float[Array, "b l n k"]:
+def apply_rope(
+    x: Float[Array, "b l n k"], angles: Float[Array, "l k/2"]
+) -> Float[Array, "b l n k"]:
     """Rotates interleaved pairs (x[2j], x[2j+1]) by `angles[..., j]`, in float32.
 
     `angles` is (l, k/2) shared over the batch, or (b, l, k/2).

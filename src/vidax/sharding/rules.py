@@ -157,7 +157,9 @@ def logical_to_spec(
             while mesh_axes and shape[i] % _prod(mesh.shape[a] for a in mesh_axes):
                 mesh_axes.pop()
         used.update(mesh_axes)
-        spec.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes))
+        spec.append(
+            None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes)
+        )
     return PartitionSpec(*spec)
 
 

@@ -1,0 +1,127 @@
+"""Wan 2.1 DiT configuration and presets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from vidax.nn.rope import wan_axes_dims
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WanConfig:
+    """Architecture and numerics of a Wan 2.1 text-to-video transformer.
+
+    Attributes:
+      dim: model width d (= num_heads * head_dim).
+      num_layers: transformer blocks, stacked and scanned.
+      num_heads: attention heads n.
+      ffn_dim: FFN hidden width f.
+      in_channels / out_channels: latent channels c.
+      text_dim: width of the text-encoder embeddings (umT5-XXL: 4096).
+      text_len: number of text tokens the model is conditioned on (Wan pads to 512).
+      freq_dim: sinusoidal timestep features.
+      patch_size: (pt, ph, pw) patchification of the latent.
+      cross_attn_norm: affine LayerNorm before cross-attention.
+      eps: epsilon of all norms.
+      rope_theta: RoPE base.
+      dtype: compute dtype; param_dtype: storage dtype of parameters.
+      attention_impl: `vidax.nn.attention` implementation.
+      remat: rematerialise each block in the backward pass (training).
+    """
+
+    dim: int
+    num_layers: int
+    num_heads: int
+    ffn_dim: int
+    in_channels: int = 16
+    out_channels: int = 16
+    text_dim: int = 4096
+    text_len: int = 512
+    freq_dim: int = 256
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    cross_attn_norm: bool = True
+    eps: float = 1e-6
+    rope_theta: float = 10_000.0
+    dtype: str = "bfloat16"
+    param_dtype: str = "bfloat16"
+    attention_impl: str = "auto"
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in (
+            "dim",
+            "num_layers",
+            "num_heads",
+            "ffn_dim",
+            "in_channels",
+            "out_channels",
+            "text_dim",
+            "text_len",
+            "freq_dim",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WanConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if any(wan_dim % 2 for wan_dim in wan_axes_dims(self.head_dim)) or self.head_dim < 6:
+            raise ValueError(
+                f"head_dim {self.head_dim} cannot be split into even (t, h, w) RoPE parts"
+            )
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise ValueError(f"patch_size must be three positive ints, got {self.patch_size}")
+        if self.freq_dim % 2:
+            raise ValueError(f"freq_dim must be even, got {self.freq_dim}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"WanConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def rope_axes_dims(self) -> tuple[int, int, int]:
+        return wan_axes_dims(self.head_dim)
+
+    @property
+    def patch_features(self) -> int:
+        pt, ph, pw = self.patch_size
+        return pt * ph * pw * self.in_channels
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def storage_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
+        pt, ph, pw = self.patch_size
+        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
+
+
+PRESETS: dict[str, WanConfig] = {
+    "wan2.1-1.3b": WanConfig(dim=1536, num_layers=30, num_heads=12, ffn_dim=8960),
+    "wan2.1-14b": WanConfig(dim=5120, num_layers=40, num_heads=40, ffn_dim=13824),
+    # Small enough to train and sample on a CPU; the embedded default of `vidax generate`.
+    "tiny": WanConfig(
+        dim=128,
+        num_layers=4,
+        num_heads=4,
+        ffn_dim=512,
+        in_channels=16,
+        out_channels=16,
+        text_dim=64,
+        text_len=32,
+        freq_dim=64,
+        dtype="float32",
+        param_dtype="float32",
+    ),
+}

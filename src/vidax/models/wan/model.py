@@ -1,0 +1,301 @@
+"""The Wan 2.1 diffusion transformer in Flax NNX.
+
+The forward pass is split into reusable stages so that samplers with unusual control flow
+(DVG's reduced grids, Sparse Forcing's chunked KV cache) compose them instead of copying:
+
+    tokens, grid = model.embed(x)                       # patchify
+    cond = model.condition(timestep, context)           # temb, per-block modulation, text
+    tokens = model.run_blocks(tokens, cond, angles)     # scanned blocks
+    x = model.unembed(tokens, cond, grid)               # modulated head + unpatchify
+
+`model(x, timestep, context)` chains them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
+from jaxtyping import Array, Float
+
+from vidax.models.wan.config import WanConfig
+from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
+from vidax.nn.embeddings import timestep_embedding
+from vidax.nn.layers import FeedForward, layer_norm, modulate, param
+from vidax.sharding import shard
+
+# (q, k, v) each (b, l, n, k) -> (b, l, n, k). Replaces plain self-attention, e.g. with a KV cache.
+SelfAttentionFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Conditioning:
+    """Per-call conditioning shared by all blocks.
+
+    temb: (b, 1|l, d) timestep embedding (head modulation); mod: (b, 1|l, 6, d) block modulation;
+    context: (b, s, d) projected text tokens. The `1|l` axis broadcasts over tokens unless the
+    caller passed per-token timesteps.
+    """
+
+    temb: jax.Array
+    mod: jax.Array
+    context: jax.Array
+
+
+jax.tree_util.register_dataclass(
+    Conditioning, data_fields=["temb", "mod", "context"], meta_fields=[]
+)
+
+
+class WanAttention(nnx.Module):
+    """Multi-head attention with RMSNorm over the full width on q and k (Wan's qk-norm)."""
+
+    def __init__(self, dim: int, num_heads: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.to_q = Linear(dim, dim, axes=("embed", "heads"), **kw)
+        self.to_k = Linear(dim, dim, axes=("embed", "heads"), **kw)
+        self.to_v = Linear(dim, dim, axes=("embed", "heads"), **kw)
+        self.to_out = Linear(dim, dim, axes=("heads", "embed"), **kw)
+        self.norm_q = RMSNorm(dim, eps=eps, axes=("heads",), param_dtype=param_dtype)
+        self.norm_k = RMSNorm(dim, eps=eps, axes=("heads",), param_dtype=param_dtype)
+        self.num_heads = num_heads
+
+    def qkv(
+        self, x: Float[Array, "b l d"], context: Float[Array, "b s d"] | None = None, angles=None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Projected, normalised (and, for self-attention, rotated) q (b,l,n,k), k and v (b,s,n,k)."""
+        source = x if context is None else context
+        split = lambda y: rearrange(y, "b l (n k) -> b l n k", n=self.num_heads)
+        q = split(self.norm_q(self.to_q(x)))
+        k = split(self.norm_k(self.to_k(source)))
+        v = split(self.to_v(source))
+        if angles is not None:
+            q, k = apply_rope(q, angles), apply_rope(k, angles)
+        q = shard(q, ("batch", "tokens", "attn_heads", "head_dim"))
+        kv_axes = (
+            "batch",
+            "kv_tokens" if context is None else "text_tokens",
+            "attn_heads",
+            "head_dim",
+        )
+        return q, shard(k, kv_axes), shard(v, kv_axes)
+
+    def out(self, o: Float[Array, "b l n k"]) -> Float[Array, "b l d"]:
+        return self.to_out(rearrange(o, "b l n k -> b l (n k)"))
+
+
+class WanBlock(nnx.Module):
+    """Self-attention (RoPE, adaLN) -> cross-attention to text -> FFN (adaLN), gated residuals."""
+
+    def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
+        c = config
+        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        self.attn1 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
+        self.attn2 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
+        self.norm2 = (
+            LayerNorm(c.dim, eps=c.eps, param_dtype=c.storage_dtype) if c.cross_attn_norm else None
+        )
+        self.ffn = FeedForward(c.dim, c.ffn_dim, **kw)
+        table = jax.random.normal(rngs.params(), (6, c.dim), jnp.float32) / c.dim**0.5
+        self.scale_shift_table = param(table.astype(c.storage_dtype), (None, "embed"))
+        self.eps = c.eps
+        self.attention_impl = c.attention_impl
+
+    def __call__(
+        self,
+        x: Float[Array, "b l d"],
+        cond: Conditioning,
+        angles: Float[Array, "l k/2"] | None,
+        *,
+        self_attention: SelfAttentionFn | None = None,
+    ) -> Float[Array, "b l d"]:
+        m = self.scale_shift_table[...].astype(jnp.float32) + cond.mod  # (b, 1|l, 6, d)
+        shift, scale, gate, c_shift, c_scale, c_gate = (m[:, :, i] for i in range(6))
+        dtype = x.dtype
+
+        h = modulate(layer_norm(x, self.eps), shift, scale).astype(dtype)
+        q, k, v = self.attn1.qkv(h, angles=angles)
+        attend = self_attention or (lambda q, k, v: attention(q, k, v, impl=self.attention_impl))
+        x = (x.astype(jnp.float32) + self.attn1.out(attend(q, k, v)) * gate).astype(dtype)
+
+        h = x if self.norm2 is None else self.norm2(x)
+        q, k, v = self.attn2.qkv(h, cond.context)
+        x = x + self.attn2.out(attention(q, k, v, impl=self.attention_impl)).astype(dtype)
+
+        h = modulate(layer_norm(x, self.eps), c_shift, c_scale).astype(dtype)
+        x = (x.astype(jnp.float32) + self.ffn(h).astype(jnp.float32) * c_gate).astype(dtype)
+        return shard(x, ("batch", "tokens", "embed"))
+
+
+class _MLP(nnx.Module):
+    """linear_2(act(linear_1(x))), the timestep and text embedders."""
+
+    def __init__(self, in_dim, dim, *, in_axis, activation, dtype, param_dtype, rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.linear_1 = Linear(in_dim, dim, axes=(in_axis, "embed"), **kw)
+        self.linear_2 = Linear(dim, dim, axes=("embed", None), **kw)
+        self.activation = activation
+
+    def __call__(self, x):
+        return self.linear_2(self.activation(self.linear_1(x)))
+
+
+class WanTransformer(nnx.Module):
+    """Wan 2.1 text-to-video DiT: `(x, timestep, context) -> flow prediction v`.
+
+    Inputs are channels-last latents. Blocks are created stacked (leading "layers" axis) and run
+    with `jax.lax.scan`, so compile time does not grow with depth.
+    """
+
+    def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
+        c = self.config = config
+        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        self.patch_embedding = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
+        self.time_embedder = _MLP(
+            c.freq_dim,
+            c.dim,
+            in_axis="freq",
+            activation=jax.nn.silu,
+            **{**kw, "dtype": jnp.float32},
+        )
+        self.time_proj = Linear(
+            c.dim, 6 * c.dim, axes=("embed", "modulation"), **{**kw, "dtype": jnp.float32}
+        )
+        self.text_embedder = _MLP(
+            c.text_dim,
+            c.dim,
+            in_axis="text_embed",
+            activation=lambda x: jax.nn.gelu(x, approximate=True),
+            **kw,
+        )
+
+        @nnx.split_rngs(splits=c.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(rngs: nnx.Rngs) -> WanBlock:
+            return WanBlock(c, rngs=rngs)
+
+        self.blocks = make_blocks(rngs)
+        self.proj_out = Linear(
+            c.dim, c.patch_features // c.in_channels * c.out_channels, axes=("embed", "patch"), **kw
+        )
+        table = jax.random.normal(rngs.params(), (2, c.dim), jnp.float32) / c.dim**0.5
+        self.scale_shift_table = param(table.astype(c.storage_dtype), (None, "embed"))
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    def embed(
+        self, x: Float[Array, "b t h w c"]
+    ) -> tuple[Float[Array, "b l d"], tuple[int, int, int]]:
+        """Patchifies the latent into tokens; returns them and the token grid (t', h', w')."""
+        c = self.config
+        b, t, h, w, ch = x.shape
+        pt, ph, pw = c.patch_size
+        if ch != c.in_channels:
+            raise ValueError(
+                f"expected {c.in_channels} latent channels, got input of shape {x.shape}"
+            )
+        if t % pt or h % ph or w % pw:
+            raise ValueError(f"latent {(t, h, w)} is not divisible by patch size {c.patch_size}")
+        patches = rearrange(
+            x, "b (t pt) (h ph) (w pw) c -> b (t h w) (pt ph pw c)", pt=pt, ph=ph, pw=pw
+        )
+        tokens = self.patch_embedding(patches.astype(c.compute_dtype))
+        return shard(tokens, ("batch", "tokens", "embed")), (t // pt, h // ph, w // pw)
+
+    def condition(
+        self, timestep: Float[Array, "b"] | Float[Array, "b l"], context: Float[Array, "b s e"]
+    ) -> Conditioning:
+        """Timestep embedding, block modulation and projected text for one forward pass.
+
+        `timestep` is (b,) in [0, 1000] or per token (b, l) (e.g. per-frame noise levels).
+        """
+        c = self.config
+        if context.ndim != 3 or context.shape[-1] != c.text_dim:
+            raise ValueError(f"context must be (b, s, {c.text_dim}), got {context.shape}")
+        t = timestep if timestep.ndim == 2 else timestep[:, None]
+        temb = self.time_embedder(timestep_embedding(t, c.freq_dim))  # (b, 1|l, d) f32
+        mod = self.time_proj(jax.nn.silu(temb)).reshape(*temb.shape[:2], 6, c.dim)
+        text = self.text_embedder(context.astype(c.compute_dtype))
+        return Conditioning(
+            temb=temb, mod=mod, context=shard(text, ("batch", "text_tokens", "embed"))
+        )
+
+    def rope(self, grid: tuple[int, int, int], positions=None) -> Float[Array, "l k/2"]:
+        """RoPE angles for a token grid; `positions` (l, 3) overrides the integer grid."""
+        if positions is None:
+            positions = video_positions(*grid)
+        return rope_angles(positions, self.config.rope_axes_dims, self.config.rope_theta)
+
+    def run_blocks(
+        self,
+        tokens: Float[Array, "b l d"],
+        cond: Conditioning,
+        angles: Float[Array, "l k/2"] | None,
+        *,
+        self_attention: SelfAttentionFn | None = None,
+    ) -> Float[Array, "b l d"]:
+        """All blocks under one `lax.scan` over the stacked parameters."""
+        graphdef, state = nnx.split(self.blocks)
+
+        def body(x, layer_state):
+            block = nnx.merge(graphdef, layer_state)
+            return block(x, cond, angles, self_attention=self_attention), None
+
+        if self.config.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        tokens, _ = jax.lax.scan(body, tokens, state)
+        return tokens
+
+    def unembed(
+        self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
+    ) -> Float[Array, "b t h w c"]:
+        """Modulated output head and unpatchify back to a channels-last latent (float32)."""
+        c = self.config
+        shift, scale = _head_modulation(self.scale_shift_table, cond.temb)
+        h = modulate(layer_norm(tokens, c.eps), shift, scale).astype(c.compute_dtype)
+        out = self.proj_out(h).astype(jnp.float32)
+        pt, ph, pw = c.patch_size
+        return rearrange(
+            out,
+            "b (t h w) (pt ph pw c) -> b (t pt) (h ph) (w pw) c",
+            t=grid[0],
+            h=grid[1],
+            w=grid[2],
+            pt=pt,
+            ph=ph,
+            pw=pw,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "b t h w c"],
+        timestep: Float[Array, "b"] | Float[Array, "b l"],
+        context: Float[Array, "b s e"],
+        *,
+        positions: Float[Array, "l 3"] | None = None,
+    ) -> Float[Array, "b t h w c"]:
+        """Predicts the flow v = noise - x0 for latent `x` at `timestep` (sigma * 1000).
+
+        Args:
+          x: (b, t, h, w, c) noisy latent.
+          timestep: (b,) or per-token (b, l) timesteps in [0, 1000].
+          context: (b, s, text_dim) text embeddings.
+          positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
+
+        Returns:
+          (b, t, h, w, out_channels) float32 flow prediction.
+        """
+        tokens, grid = self.embed(x)
+        cond = self.condition(timestep, context)
+        tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
+        return self.unembed(tokens, cond, grid)
+
+
+def _head_modulation(table: nnx.Param, temb: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """shift, scale (b, 1|l, d) of the output head: learned table + timestep embedding."""
+    m = table[...].astype(jnp.float32) + temb[:, :, None, :]  # (b, 1|l, 2, d)
+    return m[:, :, 0], m[:, :, 1]
