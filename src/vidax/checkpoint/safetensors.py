@@ -11,6 +11,7 @@ index naming absent files) is a `CheckpointError` that names the file and key.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -82,7 +83,7 @@ class _File:
             spans.append((start, end, key))
             self.entries[key] = (dtype, shape, start, end)
         spans.sort()
-        for (_, e0, k0), (s1, _, k1) in zip(spans, spans[1:]):
+        for (_, e0, k0), (s1, _, k1) in itertools.pairwise(spans):
             if s1 < e0:
                 raise CheckpointError(f"{path}: tensors {k0!r} and {k1!r} overlap")
         self._mmap: np.memmap | None = None

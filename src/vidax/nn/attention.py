@@ -20,7 +20,7 @@ def attention(
     k: Float[Array, "b s n k"],
     v: Float[Array, "b s n k"],
     *,
-    mask: Bool[Array, "b #n l s"] | None = None,
+    mask: Bool[Array, "b n l s"] | None = None,
     scale: float | None = None,
     impl: str = "auto",
 ) -> Float[Array, "b l n k"]:

@@ -31,7 +31,7 @@ class Linear(nnx.Module):
         use_bias: bool = True,
         dtype: jnp.dtype = jnp.float32,
         param_dtype: jnp.dtype = jnp.float32,
-        kernel_init: Callable = nnx.initializers.lecun_normal(),
+        kernel_init: Callable | None = None,
         rngs: nnx.Rngs,
     ):
         self.kernel = param(

@@ -192,7 +192,7 @@ class WanTransformer(nnx.Module):
     ) -> tuple[Float[Array, "b l d"], tuple[int, int, int]]:
         """Patchifies the latent into tokens; returns them and the token grid (t', h', w')."""
         c = self.config
-        b, t, h, w, ch = x.shape
+        _, t, h, w, ch = x.shape
         pt, ph, pw = c.patch_size
         if ch != c.in_channels:
             raise ValueError(
@@ -207,7 +207,7 @@ class WanTransformer(nnx.Module):
         return shard(tokens, ("batch", "tokens", "embed")), (t // pt, h // ph, w // pw)
 
     def condition(
-        self, timestep: Float[Array, "b"] | Float[Array, "b l"], context: Float[Array, "b s e"]
+        self, timestep: Float[Array, " b"] | Float[Array, "b l"], context: Float[Array, "b s e"]
     ) -> Conditioning:
         """Timestep embedding, block modulation and projected text for one forward pass.
 
@@ -273,7 +273,7 @@ class WanTransformer(nnx.Module):
     def __call__(
         self,
         x: Float[Array, "b t h w c"],
-        timestep: Float[Array, "b"] | Float[Array, "b l"],
+        timestep: Float[Array, " b"] | Float[Array, "b l"],
         context: Float[Array, "b s e"],
         *,
         positions: Float[Array, "l 3"] | None = None,
