@@ -34,9 +34,9 @@ class Linear(nnx.Module):
         kernel_init: Callable | None = None,
         rngs: nnx.Rngs,
     ):
-        self.kernel = param(
-            kernel_init(rngs.params(), (in_features, out_features), param_dtype), axes
-        )
+        kernel_init = kernel_init or nnx.initializers.lecun_normal()
+        kernel = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
+        self.kernel = param(kernel, axes)
         self.bias = param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if use_bias else None
         self.dtype = dtype
 
