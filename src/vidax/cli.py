@@ -1,0 +1,211 @@
+"""The `vidax` command line: generate videos, list models (more commands join as they land)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="vidax",
+    help="Video diffusion in JAX: generation, progressive sampling, sparse forcing, sharding plans.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Errors a user can cause (bad flags, files, shapes): reported in one line, no traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, NotImplementedError)
+
+
+def user_errors(fn):
+    """Turns user errors into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def parse_overrides(config, overrides: list[str]):
+    """Applies `k=v` overrides to a frozen config dataclass, coercing to the field's type."""
+    if not overrides:
+        return config
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(type(config))
+    changes = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(
+                f"--set expects field=value with field in {sorted(fields)}, got {item!r}"
+            )
+        kind = hints[key]
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--set {key}: expected true/false, got {raw!r}")
+            changes[key] = raw.lower() in ("true", "1")
+        elif kind in (int, float, str):
+            try:
+                changes[key] = kind(raw)
+            except ValueError:
+                raise ValueError(f"--set {key}: expected {kind.__name__}, got {raw!r}") from None
+        else:
+            raise ValueError(f"--set cannot override {key} ({kind})")
+    return dataclasses.replace(config, **changes)
+
+
+class _Progress:
+    """A rich progress bar over denoising steps, fed from inside the jitted loop."""
+
+    def __init__(self, total: int, description: str):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total)
+
+    def step(self, i) -> None:
+        self.progress.update(self.task, completed=int(i) + 1)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+
+@app.command()
+@user_errors
+def generate(
+    prompt: Annotated[
+        str | None, typer.Option(help="Text prompt (built-in text embedder).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Output mp4 path.")] = Path("out.mp4"),
+    model: Annotated[str, typer.Option(help="Model preset (see `vidax models`).")] = "tiny",
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Diffusers-layout weights: pipeline dir or transformer dir.")
+    ] = None,
+    prompt_embeds: Annotated[
+        Path | None, typer.Option(help="Precomputed prompt embeddings (.npy / .safetensors).")
+    ] = None,
+    negative_prompt: Annotated[str, typer.Option(help="Negative prompt for CFG.")] = "",
+    frames: Annotated[int | None, typer.Option(help="Number of frames (4k+1).")] = None,
+    height: Annotated[int | None, typer.Option()] = None,
+    width: Annotated[int | None, typer.Option()] = None,
+    steps: Annotated[int | None, typer.Option(help="Denoising steps.")] = None,
+    guidance: Annotated[float | None, typer.Option(help="Classifier-free guidance scale.")] = None,
+    shift: Annotated[float | None, typer.Option(help="Flow-matching sigma shift.")] = None,
+    sampler: Annotated[str | None, typer.Option(help="euler | unipc")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override transformer config: field=value.")
+    ] = None,
+) -> None:
+    """Generate a video and write it as mp4."""
+    from rich.console import Console
+
+    from vidax import models, pipeline
+    from vidax.video import write_video
+
+    console = Console(stderr=True)
+    spec = models.get(model)
+    if set_:
+        spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
+    if checkpoint is not None and not checkpoint.exists():
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    embeds = negative = None
+    if prompt_embeds is not None:
+        embeds, negative = pipeline.load_prompt_embeds(prompt_embeds, spec)
+    elif prompt is None:
+        raise ValueError("give --prompt or --prompt-embeds")
+    n_steps = steps or spec.defaults.steps
+    start = time.perf_counter()
+    with _Progress(n_steps, f"denoising ({spec.name})") as bar:
+        video = pipeline.generate(
+            spec,
+            prompt=prompt if embeds is None else None,
+            prompt_embeds=embeds,
+            negative_prompt=negative_prompt,
+            negative_prompt_embeds=negative,
+            num_frames=frames,
+            height=height,
+            width=width,
+            steps=n_steps,
+            guidance=guidance,
+            shift=shift,
+            sampler=sampler,
+            seed=seed,
+            checkpoint=checkpoint,
+            on_step=bar.step,
+        )
+    if video.frames is None:
+        raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
+    frames_out = video.frames if video.frames.ndim == 4 else video.frames[0]
+    write_video(out, frames_out, video.fps)
+    console.print(
+        f"wrote {out} ({frames_out.shape[0]} frames, {frames_out.shape[2]}x{frames_out.shape[1]}, "
+        f"{time.perf_counter() - start:.1f}s)"
+    )
+
+
+@app.command("models")
+@user_errors
+def list_models() -> None:
+    """List model presets with their parameter counts."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from vidax import models
+
+    table = Table("preset", "family", "params", "vae", "text encoder", "default size")
+    for name in models.names():
+        spec = models.get(name)
+        d = spec.defaults
+        table.add_row(
+            name,
+            spec.family,
+            _human(spec.num_params()),
+            str(spec.vae),
+            spec.text_encoder,
+            f"{d.num_frames}x{d.height}x{d.width}",
+        )
+    Console().print(table)
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

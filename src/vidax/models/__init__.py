@@ -1,0 +1,9 @@
+"""Model families (DiTs, VAEs, text encoders) and the preset registry.
+
+spec = vidax.models.get("wan2.1-1.3b")
+model = spec.loader(checkpoint_dir, spec.config)
+"""
+
+from vidax.models.registry import ModelSpec, SamplingDefaults, get, names
+
+__all__ = ["ModelSpec", "SamplingDefaults", "get", "names"]

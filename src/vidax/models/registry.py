@@ -1,0 +1,214 @@
+"""One registry of model presets: what to build, how to load it, and how to sample it.
+
+`get(name)` returns a `ModelSpec`; the CLI, the pipeline and the benchmarks use nothing else to
+find models. A spec names its transformer family and config, the VAE and text encoder it pairs
+with, and the sampling defaults of its reference implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from flax import nnx
+
+# family -> module implementing: <Config class>, PRESETS, the model class, key_map, load.
+_FAMILIES = {
+    "wan": ("vidax.models.wan", "WanTransformer"),
+    "hunyuanvideo": ("vidax.models.hunyuan", "HunyuanVideoTransformer"),
+    "hunyuanvideo15": ("vidax.models.hunyuan15", "HunyuanVideo15Transformer"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingDefaults:
+    """Sampling settings of a preset's reference pipeline (overridable per call)."""
+
+    num_frames: int
+    height: int
+    width: int
+    steps: int
+    shift: float
+    guidance: float
+    sampler: str = "unipc"
+    fps: int = 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Everything needed to build, load and sample one preset.
+
+    Attributes:
+      name: preset name, e.g. "wan2.1-1.3b".
+      family: transformer family key ("wan", "hunyuanvideo", "hunyuanvideo15").
+      config: the transformer config (family-specific frozen dataclass).
+      vae: VAE preset name in `vidax.models.wan_vae.PRESETS` (None: latents only).
+      text_encoder: "hashed" (built in, no download) or the name of an encoder preset that the
+        user provides weights for (e.g. "umt5-xxl").
+      weights: packaged asset folder with shipped weights (`vidax/assets/<weights>`), if any.
+      defaults: sampling defaults.
+    """
+
+    name: str
+    family: str
+    config: Any
+    vae: str | None
+    text_encoder: str
+    weights: str | None = None
+    defaults: SamplingDefaults
+
+    @property
+    def module(self) -> type[nnx.Module]:
+        path, cls = _FAMILIES[self.family]
+        return getattr(importlib.import_module(path), cls)
+
+    @property
+    def loader(self) -> Callable:
+        """`load(path, config, *, mesh=None, strategy=None)` of the family."""
+        return importlib.import_module(_FAMILIES[self.family][0]).load
+
+    def build(self, *, seed: int = 0, config=None) -> nnx.Module:
+        """A randomly initialised transformer (use `loader` for real weights)."""
+        return self.module(config or self.config, rngs=nnx.Rngs(seed))
+
+    def with_config(self, **changes) -> ModelSpec:
+        """A copy with transformer-config fields replaced (validated by the config)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
+    def num_params(self) -> int:
+        abstract = nnx.eval_shape(lambda: self.build())
+        return sum(math.prod(v.shape) for v in _leaves(nnx.state(abstract, nnx.Param)))
+
+
+def _leaves(state):
+    import jax
+
+    return jax.tree.leaves(state)
+
+
+def _specs() -> dict[str, ModelSpec]:
+    from vidax.models.wan import PRESETS as WAN
+
+    specs = [
+        ModelSpec(
+            name="tiny",
+            family="wan",
+            config=WAN["tiny"],
+            vae="tiny",
+            text_encoder="hashed",
+            weights="tiny",
+            defaults=SamplingDefaults(
+                num_frames=17, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
+            ),
+        ),
+        ModelSpec(
+            name="wan2.1-1.3b",
+            family="wan",
+            config=WAN["wan2.1-1.3b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            defaults=SamplingDefaults(
+                num_frames=81, height=480, width=832, steps=30, shift=3.0, guidance=5.0
+            ),
+        ),
+        ModelSpec(
+            name="wan2.1-14b",
+            family="wan",
+            config=WAN["wan2.1-14b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            defaults=SamplingDefaults(
+                num_frames=81, height=720, width=1280, steps=50, shift=5.0, guidance=5.0
+            ),
+        ),
+    ]
+    for family, preset, vae, text, defaults in (
+        (
+            "hunyuanvideo",
+            "hunyuanvideo",
+            "hunyuanvideo",
+            "llava-llama3+clip-l",
+            SamplingDefaults(
+                num_frames=129,
+                height=720,
+                width=1280,
+                steps=50,
+                shift=7.0,
+                guidance=6.0,
+                sampler="euler",
+                fps=24,
+            ),
+        ),
+        (
+            "hunyuanvideo15",
+            "hunyuanvideo1.5",
+            "hunyuanvideo15",
+            "qwen2.5-vl+byt5",
+            SamplingDefaults(
+                num_frames=121,
+                height=480,
+                width=848,
+                steps=50,
+                shift=5.0,
+                guidance=6.0,
+                sampler="euler",
+                fps=24,
+            ),
+        ),
+    ):
+        try:
+            presets = importlib.import_module(_FAMILIES[family][0]).PRESETS
+        except ImportError:  # family not installed in this build
+            continue
+        if preset in presets:
+            specs.append(
+                ModelSpec(
+                    name=preset,
+                    family=family,
+                    config=presets[preset],
+                    vae=vae,
+                    text_encoder=text,
+                    defaults=defaults,
+                )
+            )
+        tiny = f"{preset}-tiny"
+        if "tiny" in presets:
+            specs.append(
+                ModelSpec(
+                    name=tiny,
+                    family=family,
+                    config=presets["tiny"],
+                    vae=None,
+                    text_encoder="hashed",
+                    defaults=dataclasses.replace(
+                        defaults, num_frames=9, height=64, width=64, steps=8
+                    ),
+                )
+            )
+    return {s.name: s for s in specs}
+
+
+_CACHE: dict[str, ModelSpec] | None = None
+
+
+def names() -> list[str]:
+    """All preset names, sorted."""
+    return sorted(_registry())
+
+
+def _registry() -> dict[str, ModelSpec]:
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = _specs()
+    return _CACHE
+
+
+def get(name: str) -> ModelSpec:
+    """The spec of preset `name`; a clear error lists the known presets otherwise."""
+    try:
+        return _registry()[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}") from None

@@ -1,0 +1,71 @@
+"""Writing frames to mp4 (H.264 through imageio-ffmpeg), whole or streamed chunk by chunk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """(F, H, W, 3) floats in [0, 1] -> uint8, rounding and clipping."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be (F, H, W, 3), got {frames.shape}")
+    return np.clip(np.rint(frames * 255.0), 0, 255).astype(np.uint8)
+
+
+class VideoWriter:
+    """Appends frames to an mp4 as they are produced; the file grows while writing.
+
+    with VideoWriter("out.mp4", fps=16) as w:
+        for chunk in chunks:
+            w.write(chunk)  # (f, H, W, 3) floats in [0, 1]
+    """
+
+    def __init__(self, path: str | os.PathLike, fps: int, quality: float = 8.0):
+        import imageio.v2 as imageio
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # macro_block_size=1: keep the exact size (yuv420p still needs even sides: we pad).
+        self._writer = imageio.get_writer(
+            self.path,
+            fps=fps,
+            codec="libx264",
+            quality=quality,
+            macro_block_size=1,
+            ffmpeg_log_level="error",
+            pixelformat="yuv420p",
+        )
+        self.frames_written = 0
+
+    def write(self, frames: np.ndarray) -> None:
+        for frame in to_uint8(frames):
+            pad = ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))
+            self._writer.append_data(np.pad(frame, pad, mode="edge"))
+            self.frames_written += 1
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int) -> Path:
+    """Writes (F, H, W, 3) frames in [0, 1] to an mp4 at `path`."""
+    with VideoWriter(path, fps) as writer:
+        writer.write(frames)
+    return writer.path
+
+
+def read_video(path: str | os.PathLike) -> np.ndarray:
+    """(F, H, W, 3) uint8 frames of a video file (tests and evaluation)."""
+    import imageio.v3 as iio
+
+    return np.asarray(iio.imread(path))
