@@ -1,0 +1,43 @@
+"""Synthetic text-to-video data: procedural coloured-shape clips with ground truth."""
+
+from vidax.data.shapes import (
+    DIRECTIONS,
+    EVAL_PROMPTS,
+    MOTIONS,
+    PALETTE,
+    PAN_SPEED,
+    PANS,
+    SHAPES,
+    SPEED,
+    CaptionObject,
+    ClipSpec,
+    EvalPrompt,
+    ObjectSpec,
+    caption,
+    parse_caption,
+    parse_pan,
+    render,
+    sample_spec,
+    trajectories,
+)
+
+__all__ = [
+    "DIRECTIONS",
+    "EVAL_PROMPTS",
+    "MOTIONS",
+    "PALETTE",
+    "PANS",
+    "PAN_SPEED",
+    "SHAPES",
+    "SPEED",
+    "CaptionObject",
+    "ClipSpec",
+    "EvalPrompt",
+    "ObjectSpec",
+    "caption",
+    "parse_caption",
+    "parse_pan",
+    "render",
+    "sample_spec",
+    "trajectories",
+]
