@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from vidax.sharding.axes import ACTIVATION_AXES, MESH_AXES, PARAM_AXES
 
@@ -116,14 +116,37 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh, strategy: str | Strategy = "fsdp_sp") -> Iterator[Mesh]:
     """Activates `strategy` on `mesh` for `shard` and `param_shardings`."""
-    unknown = set(mesh.axis_names) - set(MESH_AXES)
-    if unknown:
-        raise ValueError(f"mesh axes {sorted(unknown)} are not vidax mesh axes {MESH_AXES}")
+    mesh = auto_mesh(mesh)
     token = _CONTEXT.set(_Context(mesh, get_strategy(strategy)))
     try:
         yield mesh
     finally:
         _CONTEXT.reset(token)
+
+
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """`mesh` with vidax axis names checked and every axis in Auto mode.
+
+    vidax shards through GSPMD annotations (`with_sharding_constraint`), which need Auto axes;
+    `jax.make_mesh` now defaults to Explicit ones.
+    """
+    unknown = set(mesh.axis_names) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"mesh axes {sorted(unknown)} are not vidax mesh axes {MESH_AXES}")
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> Mesh:
+    """A vidax mesh (Auto axes) over `devices` (default: all) in the given order."""
+    import numpy as np
+
+    devices = jax.devices() if devices is None else list(devices)
+    n = int(np.prod(shape))
+    if len(devices) < n:
+        raise ValueError(f"mesh {tuple(shape)} needs {n} devices, {len(devices)} available")
+    return auto_mesh(Mesh(np.asarray(devices[:n]).reshape(shape), tuple(axis_names)))
 
 
 def current() -> tuple[Mesh, Strategy] | None:
@@ -193,6 +216,7 @@ def param_shardings(state: nnx.State, mesh: Mesh | None = None, strategy=None) -
             raise ValueError("param_shardings needs a mesh: pass one or call inside use_mesh")
         mesh = mesh or ctx.mesh
         strategy = strategy or ctx.strategy
+    mesh = auto_mesh(mesh)
     rules = get_strategy(strategy).params
 
     def one(variable):

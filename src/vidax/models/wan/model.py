@@ -120,7 +120,8 @@ class WanBlock(nnx.Module):
         h = modulate(layer_norm(x, self.eps), shift, scale).astype(dtype)
         q, k, v = self.attn1.qkv(h, angles=angles)
         attend = self_attention or (lambda q, k, v: attention(q, k, v, impl=self.attention_impl))
-        x = (x.astype(jnp.float32) + self.attn1.out(attend(q, k, v)) * gate).astype(dtype)
+        attn = self.attn1.out(attend(q, k, v)).astype(jnp.float32)
+        x = (x.astype(jnp.float32) + attn * gate).astype(dtype)
 
         h = x if self.norm2 is None else self.norm2(x)
         q, k, v = self.attn2.qkv(h, cond.context)
