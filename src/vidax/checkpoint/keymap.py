@@ -6,7 +6,7 @@ per-layer tensor; its layers are stacked along axis 0 of the (scanned) vidax par
 `load_state` validates the whole map against the checkpoint header first (missing,
 unexpected and mis-shaped keys, non-float data) so nothing is half-loaded, then streams one
 parameter at a time: read (memory-mapped), transform, cast, and `device_put` straight to its
-sharding. Peak extra host memory is one (stacked) parameter.
+sharding. Peak extra host memory is about one (stacked) parameter.
 """
 
 from __future__ import annotations
@@ -156,10 +156,14 @@ def load_state(
 
     values: dict[str, jax.Array] = {}
     for rule, keys, want in plan:
-        parts = [_convert(reader[k], rule, want.dtype) for k in keys]
-        host = np.stack(parts) if rule.stacked else parts[0]
+        if rule.stacked:  # fill one host buffer layer by layer: no list of copies
+            host = np.empty(want.shape, want.dtype)
+            for i, key in enumerate(keys):
+                host[i] = _convert(reader[key], rule, want.dtype)
+        else:
+            host = _convert(reader[keys[0]], rule, want.dtype)
         values[rule.target] = jax.device_put(host, placements.get(rule.target))
-        del parts, host
+        del host
 
     def fill(path, variable):
         name = ".".join(str(getattr(k, "key", k)) for k in path)

@@ -1,7 +1,7 @@
 """Reading safetensors checkpoints tensor by tensor, single-file or sharded with an index.
 
-Tensors are memory-mapped views, so reading one costs no extra host copy until it is
-transformed. We read and write the (documented, tiny) format ourselves because the
+Tensors are read one at a time on demand, so loading a model holds at most one tensor (plus
+its converted copy) in host memory besides the placed parameters. We read and write the (documented, tiny) format ourselves because the
 `safetensors` package's numpy backend cannot handle bfloat16; tests check both directions
 against that package.
 
@@ -86,17 +86,21 @@ class _File:
         for (_, e0, k0), (s1, _, k1) in itertools.pairwise(spans):
             if s1 < e0:
                 raise CheckpointError(f"{path}: tensors {k0!r} and {k1!r} overlap")
-        self._mmap: np.memmap | None = None
 
     def read(self, key: str) -> np.ndarray:
+        # A plain read of just this tensor: unlike a memory map, nothing of the file stays
+        # resident once the caller drops the array, so loading peaks at one tensor.
         dtype, shape, start, end = self.entries[key]
-        if self._mmap is None:
-            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start)
-        return self._mmap[start:end].view(dtype).reshape(shape)
+        with open(self.path, "rb") as f:
+            f.seek(self._data_start + start)
+            data = np.fromfile(f, dtype=np.uint8, count=end - start)
+        if data.size != end - start:
+            raise CheckpointError(f"{self.path}: truncated while reading tensor {key!r}")
+        return data.view(dtype).reshape(shape)
 
 
 class CheckpointReader(Mapping[str, np.ndarray]):
-    """Read-only mapping key -> memory-mapped tensor over one or more safetensors files."""
+    """Read-only mapping key -> tensor (read on access) over one or more safetensors files."""
 
     def __init__(self, files: list[Path]):
         self.files = [_File(p) for p in files]
