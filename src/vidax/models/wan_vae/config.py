@@ -1,0 +1,202 @@
+"""Wan 2.1 VAE configuration and presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+# The encoder always runs frame 0 alone, then chunks of this many frames (as diffusers does), so
+# videos have 1 + 4k frames and at most two of the downsampling stages may halve time.
+ENCODE_CHUNK = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WanVAEConfig:
+    """Architecture and numerics of the Wan 2.1 causal 3D VAE (diffusers `AutoencoderKLWan`).
+
+    Attributes:
+      base_dim: encoder width of the first stage; stage i has base_dim * dim_mult[i] channels.
+      decoder_base_dim: decoder base width (None: same as base_dim).
+      z_dim: latent channels c.
+      dim_mult: channel multipliers per stage; len(dim_mult) - 1 stages halve height and width.
+      num_res_blocks: residual blocks per encoder stage (the decoder has one more).
+      attn_scales: spatial scales (1, 0.5, ...) at which encoder stages add attention after each
+        residual block. The diffusers decoder ignores them, so ours does too.
+      temperal_downsample: per downsampling stage, whether it also halves time (diffusers'
+        spelling); the decoder mirrors it. At most two may be True.
+      in_channels / out_channels: pixel channels.
+      latents_mean / latents_std: per-channel latent statistics; `encode` returns
+        (mu - mean) / std and `decode` inverts it. None means 0 / 1 (no normalisation).
+      dtype: compute dtype; param_dtype: storage dtype of parameters.
+    """
+
+    base_dim: int = 96
+    decoder_base_dim: int | None = None
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    in_channels: int = 3
+    out_channels: int = 3
+    latents_mean: tuple[float, ...] | None = None
+    latents_std: tuple[float, ...] | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        # Accept lists (e.g. straight from a diffusers config.json) but store hashable tuples.
+        for name in (
+            "dim_mult",
+            "attn_scales",
+            "temperal_downsample",
+            "latents_mean",
+            "latents_std",
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        for name in ("base_dim", "z_dim", "num_res_blocks", "in_channels", "out_channels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WanVAEConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.decoder_base_dim is not None and self.decoder_base_dim < 1:
+            raise ValueError(
+                f"WanVAEConfig.decoder_base_dim must be positive, got {self.decoder_base_dim}"
+            )
+        if not self.dim_mult or any(m < 1 for m in self.dim_mult):
+            raise ValueError(
+                f"dim_mult must be a non-empty tuple of positive ints, got {self.dim_mult}"
+            )
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ValueError(
+                f"temperal_downsample has {len(self.temperal_downsample)} entries but dim_mult "
+                f"{self.dim_mult} has {len(self.dim_mult) - 1} downsampling stages"
+            )
+        if sum(map(bool, self.temperal_downsample)) > 2:
+            raise ValueError(
+                f"at most 2 stages may downsample time (the encoder runs {ENCODE_CHUNK}-frame "
+                f"chunks), got temperal_downsample={self.temperal_downsample}"
+            )
+        scales = self.encoder_scales
+        for s in self.attn_scales:
+            if s not in scales:
+                raise ValueError(
+                    f"attn_scales entry {s} matches no encoder stage; stage scales are {scales}"
+                )
+        for name in ("latents_mean", "latents_std"):
+            value = getattr(self, name)
+            if value is not None and len(value) != self.z_dim:
+                raise ValueError(f"{name} has {len(value)} values, expected z_dim={self.z_dim}")
+        if self.latents_std is not None and any(s <= 0 for s in self.latents_std):
+            raise ValueError(f"latents_std must be positive, got {self.latents_std}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+
+    @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent along height and width."""
+        return 2 ** (len(self.dim_mult) - 1)
+
+    @property
+    def temporal_factor(self) -> int:
+        """Pixel frames per latent frame after the first."""
+        return 2 ** sum(map(bool, self.temperal_downsample))
+
+    @property
+    def encoder_dims(self) -> tuple[int, ...]:
+        """Channels entering each encoder stage, then the last stage's output."""
+        return tuple(self.base_dim * m for m in (1, *self.dim_mult))
+
+    @property
+    def decoder_dims(self) -> tuple[int, ...]:
+        """Channels of the decoder's middle block, then each up stage's output."""
+        base = self.decoder_base_dim or self.base_dim
+        return tuple(base * m for m in (self.dim_mult[-1], *self.dim_mult[::-1]))
+
+    @property
+    def encoder_scales(self) -> tuple[float, ...]:
+        """Spatial scale (1, 0.5, ...) of each encoder stage, matched against attn_scales."""
+        return tuple(0.5**i for i in range(len(self.dim_mult)))
+
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames t for a video of `frames` = 1 + 4k pixel frames."""
+        return 1 + (frames - 1) // self.temporal_factor
+
+    def video_frames(self, latent_frames: int) -> int:
+        """Pixel frames decoded from `latent_frames` latent frames."""
+        return 1 + (latent_frames - 1) * self.temporal_factor
+
+
+# diffusers `AutoencoderKLWan` keys that do not change the Wan 2.1 architecture or are derived.
+_DIFFUSERS_IGNORED = {"dropout", "scale_factor_temporal", "scale_factor_spatial"}
+_DIFFUSERS_KEYS = {
+    "base_dim",
+    "decoder_base_dim",
+    "z_dim",
+    "dim_mult",
+    "num_res_blocks",
+    "attn_scales",
+    "temperal_downsample",
+    "in_channels",
+    "out_channels",
+    "latents_mean",
+    "latents_std",
+}
+
+
+def from_diffusers_config(config: Mapping, **overrides) -> WanVAEConfig:
+    """A `WanVAEConfig` from a diffusers `AutoencoderKLWan` config (its config.json as a dict).
+
+    Raises:
+      ValueError: for Wan 2.2 options (`is_residual`, `patch_size`) this port does not implement,
+        or keys it does not know.
+    """
+    if config.get("is_residual"):
+        raise ValueError("is_residual=True (the Wan 2.2 VAE) is not supported by WanVAE")
+    if config.get("patch_size") is not None:
+        raise ValueError(f"patch_size={config['patch_size']} (Wan 2.2) is not supported")
+    unknown = {
+        k
+        for k in config
+        if not k.startswith("_")
+        and k not in _DIFFUSERS_KEYS | _DIFFUSERS_IGNORED
+        and k not in ("is_residual", "patch_size")
+    }
+    if unknown:
+        raise ValueError(f"unknown AutoencoderKLWan config keys {sorted(unknown)}")
+    kwargs = {k: v for k, v in config.items() if k in _DIFFUSERS_KEYS}
+    z_dim = overrides.get("z_dim", kwargs.get("z_dim", 16))
+    for name, default in (("latents_mean", _WAN21_MEAN), ("latents_std", _WAN21_STD)):
+        # diffusers keeps its Wan 2.1 defaults even when z_dim differs (only pipelines use
+        # them); such statistics describe no latent of this model, so drop them.
+        value = kwargs.get(name)
+        if value is not None and len(value) != z_dim and tuple(value) == default:
+            kwargs[name] = None
+    return WanVAEConfig(**{**kwargs, **overrides})
+
+
+# fmt: off
+_WAN21_MEAN = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)
+_WAN21_STD = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)
+# fmt: on
+
+PRESETS: dict[str, WanVAEConfig] = {
+    "wan2.1": WanVAEConfig(latents_mean=_WAN21_MEAN, latents_std=_WAN21_STD),
+    # Same topology (8x spatial, 4x temporal) at a width that runs in unit tests.
+    "tiny": WanVAEConfig(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=(1, 2, 2, 2),
+        latents_mean=(0.1, -0.2, 0.3, 0.0),
+        latents_std=(1.5, 0.5, 2.0, 1.0),
+    ),
+}

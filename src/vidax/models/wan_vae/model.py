@@ -1,0 +1,703 @@
+"""The Wan 2.1 causal 3D VAE (diffusers `AutoencoderKLWan`) in Flax NNX, channels-last.
+
+Video runs through the encoder and decoder chunk by chunk over time, as in diffusers: the
+encoder sees frame 0 alone and then 4-frame chunks, the decoder one latent frame at a time.
+Every causal convolution keeps the last frames of its input in a cache that the next chunk
+prepends instead of zeros, so chunked and whole-sequence results agree while activations stay
+one chunk long. The chunks after the first are a `jax.lax.scan` whose carry is the cache pytree
+(fixed shapes), so a video of any length compiles once and peak memory stays flat.
+
+Every temporal module is `(x, cache) -> (y, cache)`. `cache is None` marks the first chunk: convs
+pad with zeros, a temporal upsample passes its one frame through (diffusers' "Rep" state), a
+temporal downsample keeps its frame and only starts striding from the next chunk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float
+
+from vidax.models.wan_vae.config import ENCODE_CHUNK, WanVAEConfig
+from vidax.nn.attention import attention
+from vidax.nn.layers import param
+from vidax.sharding import shard
+
+Cache = Any  # a pytree of arrays mirroring the module tree; None before the first chunk
+
+_CONV3D_AXES = ("kernel", "kernel", "kernel", "conv_in", "conv_out")
+_CONV2D_AXES = ("kernel", "kernel", "conv_in", "conv_out")
+_VIDEO_AXES = ("batch", "frames", "height", "width", "channels")
+
+
+def _conv_init(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """torch's default conv init U(+-1/sqrt(fan_in)), kernel layout (..., in, out).
+
+    A concrete key seeds numpy: eager `jax.random` compiles one XLA program per parameter shape,
+    which made building even the tiny preset take ~20 s on a CPU. Under tracing (`eval_shape`,
+    `jit`) jax.random is used, which costs nothing there.
+    """
+    bound = 1 / math.sqrt(math.prod(shape[:-1]))
+    if isinstance(key, jax.core.Tracer):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    seed = np.asarray(jax.random.key_data(key)).ravel()
+    return jnp.asarray(np.random.default_rng(seed).uniform(-bound, bound, shape), dtype)
+
+
+def _constant(value: float, shape: tuple[int, ...], dtype) -> jax.Array:
+    """A filled array made on the host (an eager jnp.full compiles per shape)."""
+    return jnp.asarray(np.full(shape, value, np.float32), dtype)
+
+
+def _last_axis(v: Float[Array, " c"], ndim: int) -> Float[Array, "... c"]:
+    """A per-channel vector shaped to broadcast against a rank-`ndim` channels-last array."""
+    return v.reshape((1,) * (ndim - 1) + (-1,))
+
+
+class CausalConv3d(nnx.Module):
+    """3D convolution, causal in time: spatial 'same' padding, past frames in front.
+
+    Args:
+      in_dim / out_dim: channels c.
+      kernel: (kt, kh, kw); kh and kw odd.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        kernel: tuple[int, int, int] = (3, 3, 3),
+        *,
+        stride_t: int = 1,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.kernel = param(
+            _conv_init(rngs.params(), (*kernel, in_dim, out_dim), param_dtype), _CONV3D_AXES
+        )
+        self.bias = param(_constant(0.0, (out_dim,), param_dtype), ("conv_out",))
+        self.history = kernel[0] - 1
+        self.padding = ((0, 0), ((kernel[1] - 1) // 2,) * 2, ((kernel[2] - 1) // 2,) * 2)
+        self.stride_t = stride_t
+        self.dtype = dtype
+
+    def conv(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h w c2"]:
+        """The convolution alone, without padding in time."""
+        kernel = self.kernel[...].astype(self.dtype)
+        x = x.astype(self.dtype)
+        if kernel.shape[:3] == (1, 1, 1):
+            y = jnp.dot(x, kernel[0, 0, 0])
+        else:
+            y = jax.lax.conv_general_dilated(
+                x,
+                kernel,
+                window_strides=(self.stride_t, 1, 1),
+                padding=self.padding,
+                dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+            )
+        return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
+
+    def __call__(
+        self, x: Float[Array, "b t h w c"], cache: Float[Array, "b kt-1 h w c"] | None = None
+    ) -> tuple[Float[Array, "b t h w c2"], Float[Array, "b kt-1 h w c"] | None]:
+        """Convolves x after the last kt-1 input frames of the previous chunk (zeros at first).
+
+        Returns:
+          The output and the new cache: the last kt-1 frames of [cache, x].
+        """
+        if self.history == 0:
+            return self.conv(x), None
+        x = x.astype(self.dtype)
+        if cache is None:
+            cache = jnp.zeros((x.shape[0], self.history, *x.shape[2:]), x.dtype)
+        x = jnp.concatenate([cache, x], axis=1)
+        return self.conv(x), x[:, -self.history :]
+
+
+class Conv2d(nnx.Module):
+    """Per-frame 2D convolution with explicit ((top, bottom), (left, right)) zero padding."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        kernel: int = 3,
+        *,
+        stride: int = 1,
+        padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.kernel = param(
+            _conv_init(rngs.params(), (kernel, kernel, in_dim, out_dim), param_dtype), _CONV2D_AXES
+        )
+        self.bias = param(_constant(0.0, (out_dim,), param_dtype), ("conv_out",))
+        self.stride = stride
+        self.padding = padding
+        self.dtype = dtype
+
+    def __call__(self, x: Float[Array, "... h w c"]) -> Float[Array, "... h2 w2 c2"]:
+        kernel = self.kernel[...].astype(self.dtype)
+        x = x.astype(self.dtype)
+        if kernel.shape[:2] == (1, 1):
+            y = jnp.dot(x, kernel[0, 0])
+        else:
+            lead = x.shape[:-3]
+            y = jax.lax.conv_general_dilated(
+                x.reshape(-1, *x.shape[-3:]),
+                kernel,
+                window_strides=(self.stride, self.stride),
+                padding=self.padding,
+                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            )
+            y = y.reshape(*lead, *y.shape[1:])
+        return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
+
+
+class ChannelRMSNorm(nnx.Module):
+    """x / ||x|| * sqrt(c) * gamma over channels (torch `F.normalize`, eps 1e-12), in float32."""
+
+    def __init__(self, dim: int, *, param_dtype: jnp.dtype = jnp.float32):
+        self.gamma = param(_constant(1.0, (dim,), param_dtype), ("norm",))
+
+    def __call__(self, x: Float[Array, "... c"]) -> Float[Array, "... c"]:
+        xf = x.astype(jnp.float32)
+        sq = jnp.sum(jnp.square(xf), axis=-1, keepdims=True)
+        scale = jax.lax.rsqrt(jnp.maximum(sq, 1e-24)) * math.sqrt(x.shape[-1])
+        gamma = _last_axis(self.gamma[...].astype(jnp.float32), x.ndim)
+        return (xf * scale * gamma).astype(x.dtype)
+
+
+class ResidualBlock(nnx.Module):
+    """conv2(silu(norm2(conv1(silu(norm1 x))))) + shortcut(x); both convs causal 3x3x3."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.norm1 = ChannelRMSNorm(in_dim, param_dtype=param_dtype)
+        self.conv1 = CausalConv3d(in_dim, out_dim, **kw)
+        self.norm2 = ChannelRMSNorm(out_dim, param_dtype=param_dtype)
+        self.conv2 = CausalConv3d(out_dim, out_dim, **kw)
+        self.conv_shortcut = (
+            CausalConv3d(in_dim, out_dim, (1, 1, 1), **kw) if in_dim != out_dim else None
+        )
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c1, c2 = (None, None) if cache is None else cache
+        shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)[0]
+        y, c1 = self.conv1(jax.nn.silu(self.norm1(x)), c1)
+        y, c2 = self.conv2(jax.nn.silu(self.norm2(y)), c2)
+        return y + shortcut.astype(y.dtype), (c1, c2)
+
+
+class AttentionBlock(nnx.Module):
+    """Single-head self-attention over the h*w positions of each frame, plus the residual."""
+
+    def __init__(self, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.norm = ChannelRMSNorm(dim, param_dtype=param_dtype)
+        self.to_qkv = Conv2d(dim, 3 * dim, 1, **kw)
+        self.proj = Conv2d(dim, dim, 1, **kw)
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache = None) -> tuple[Array, Cache]:
+        b, t, h, w, c = x.shape
+        qkv = self.to_qkv(self.norm(x)).reshape(b * t, h * w, 1, 3 * c)
+        q, k, v = jnp.split(qkv, 3, axis=-1)
+        # "xla", not "auto": the head dim is the full channel width (384 in Wan 2.1), beyond
+        # what flash-style kernels registered under "auto" may support.
+        o = attention(q, k, v, impl="xla").reshape(b, t, h, w, c)
+        return x + self.proj(o).astype(x.dtype), cache
+
+
+class Resample(nnx.Module):
+    """2x spatial up/downsampling per frame, optionally 2x in time through a causal `time_conv`.
+
+    Args:
+      dim: input channels; upsampling halves them (diffusers' default `upsample_out_dim`).
+      mode: "upsample2d", "upsample3d", "downsample2d" or "downsample3d".
+    """
+
+    MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+
+    def __init__(self, dim: int, mode: str, *, dtype, param_dtype, rngs: nnx.Rngs):
+        if mode not in self.MODES:
+            raise ValueError(f"unknown resample mode {mode!r}; choose from {self.MODES}")
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mode = mode
+        if mode.startswith("up"):
+            self.conv = Conv2d(dim, dim // 2, 3, padding=((1, 1), (1, 1)), **kw)
+        else:
+            # torch ZeroPad2d((0, 1, 0, 1)): one row/column of zeros at the bottom/right.
+            self.conv = Conv2d(dim, dim, 3, stride=2, padding=((0, 1), (0, 1)), **kw)
+        if mode == "upsample3d":
+            # Each half of the output channels becomes one of two consecutive frames.
+            self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), **kw)
+        elif mode == "downsample3d":
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride_t=2, **kw)
+        else:
+            self.time_conv = None
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        if self.mode == "upsample3d":
+            if cache is None:
+                # First chunk: its single frame stays single, and the time conv of the next
+                # chunk sees zeros rather than this frame (diffusers' "Rep").
+                cache = jnp.zeros((x.shape[0], 2, *x.shape[2:]), self.time_conv.dtype)
+            else:
+                y, cache = self.time_conv(x, cache)
+                b, t, h, w, c2 = y.shape
+                y = y.reshape(b, t, h, w, 2, c2 // 2).transpose(0, 1, 4, 2, 3, 5)
+                x = y.reshape(b, 2 * t, h, w, c2 // 2)
+        if self.mode.startswith("up"):
+            x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)
+        x = self.conv(x)
+        if self.mode == "downsample3d":
+            last = x[:, -1:]
+            if cache is not None:
+                # Valid stride-2 conv over [last frame of the previous chunk, this chunk]; the
+                # first chunk is only cached, so frame 0 maps to latent frame 0 on its own.
+                x = self.time_conv.conv(jnp.concatenate([cache, x], axis=1))
+            cache = last
+        return x, cache
+
+
+class MidBlock(nnx.Module):
+    """Residual block, attention, residual block at the lowest resolution."""
+
+    def __init__(self, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.resnets = nnx.List([ResidualBlock(dim, dim, **kw), ResidualBlock(dim, dim, **kw)])
+        self.attentions = nnx.List([AttentionBlock(dim, **kw)])
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c0, c1 = (None, None) if cache is None else cache
+        x, c0 = self.resnets[0](x, c0)
+        x, _ = self.attentions[0](x)
+        x, c1 = self.resnets[1](x, c1)
+        return x, (c0, c1)
+
+
+def encoder_layout(config: WanVAEConfig) -> list[tuple]:
+    """The encoder's `down_blocks`, in order, as ("res", in, out) | ("attn", c) | (mode, c)."""
+    dims = config.encoder_dims
+    layers: list[tuple] = []
+    last = len(config.dim_mult) - 1
+    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
+        for _ in range(config.num_res_blocks):
+            layers.append(("res", in_dim, out_dim))
+            if config.encoder_scales[i] in config.attn_scales:
+                layers.append(("attn", out_dim))
+            in_dim = out_dim
+        if i != last:
+            mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+            layers.append((mode, out_dim))
+    return layers
+
+
+def decoder_layout(config: WanVAEConfig) -> list[tuple[int, int, str | None]]:
+    """The decoder's `up_blocks` as (in channels, out channels, upsample mode or None)."""
+    dims = config.decoder_dims
+    temporal_up = config.temperal_downsample[::-1]
+    last = len(config.dim_mult) - 1
+    blocks = []
+    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
+        # Every up stage but the first follows an upsample that halved the channels.
+        in_dim = in_dim // 2 if i > 0 else in_dim
+        mode = None if i == last else ("upsample3d" if temporal_up[i] else "upsample2d")
+        blocks.append((in_dim, out_dim, mode))
+    return blocks
+
+
+class Encoder(nnx.Module):
+    """Pixels (b, t, H, W, c_in) -> latent moments (b, t', H/s, W/s, 2 z)."""
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
+        kw = dict(
+            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
+        )
+        dims = config.encoder_dims
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], **kw)
+        layers = []
+        for kind, *sizes in encoder_layout(config):
+            if kind == "res":
+                layers.append(ResidualBlock(*sizes, **kw))
+            elif kind == "attn":
+                layers.append(AttentionBlock(*sizes, **kw))
+            else:
+                layers.append(Resample(*sizes, kind, **kw))
+        self.down_blocks = nnx.List(layers)
+        self.mid_block = MidBlock(dims[-1], **kw)
+        self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
+        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, **kw)
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c_in, c_layers, c_mid, c_out = (None, None, None, None) if cache is None else cache
+        c_layers = c_layers or (None,) * len(self.down_blocks)
+        x, c_in = self.conv_in(x, c_in)
+        new_layers = []
+        for layer, c in zip(self.down_blocks, c_layers, strict=True):
+            x, c = layer(x, c)
+            new_layers.append(c)
+        x, c_mid = self.mid_block(x, c_mid)
+        x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
+        return x, (c_in, tuple(new_layers), c_mid, c_out)
+
+
+class UpBlock(nnx.Module):
+    """`num` residual blocks, then an optional `Resample` upsample."""
+
+    def __init__(
+        self, in_dim: int, out_dim: int, num: int, mode: str | None, *, dtype, param_dtype, rngs
+    ):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.resnets = nnx.List(
+            [ResidualBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
+        )
+        self.upsampler = Resample(out_dim, mode, **kw) if mode else None
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c_res, c_up = (None, None) if cache is None else cache
+        c_res = c_res or (None,) * len(self.resnets)
+        new_res = []
+        for resnet, c in zip(self.resnets, c_res, strict=True):
+            x, c = resnet(x, c)
+            new_res.append(c)
+        if self.upsampler is not None:
+            x, c_up = self.upsampler(x, c_up)
+        return x, (tuple(new_res), c_up)
+
+
+class Decoder(nnx.Module):
+    """Latents (b, t, h, w, z) -> pixels (b, t', h*s, w*s, c_out), unclamped."""
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
+        kw = dict(
+            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
+        )
+        dims = config.decoder_dims
+        self.conv_in = CausalConv3d(config.z_dim, dims[0], **kw)
+        self.mid_block = MidBlock(dims[0], **kw)
+        self.up_blocks = nnx.List(
+            [
+                UpBlock(i, o, config.num_res_blocks + 1, mode, **kw)
+                for i, o, mode in decoder_layout(config)
+            ]
+        )
+        self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
+        self.conv_out = CausalConv3d(dims[-1], config.out_channels, **kw)
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c_in, c_mid, c_ups, c_out = (None, None, None, None) if cache is None else cache
+        c_ups = c_ups or (None,) * len(self.up_blocks)
+        x, c_in = self.conv_in(x, c_in)
+        x, c_mid = self.mid_block(x, c_mid)
+        new_ups = []
+        for block, c in zip(self.up_blocks, c_ups, strict=True):
+            x, c = block(x, c)
+            new_ups.append(c)
+        x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
+        return x, (c_in, c_mid, tuple(new_ups), c_out)
+
+
+def _run_chunked(
+    fn: Callable[[Array, Cache], tuple[Array, Cache]], x: Float[Array, "b t h w c"], step: int
+) -> Array:
+    """fn over frame 0 alone, then over `step`-frame chunks in a scan carrying the cache."""
+    y0, cache = fn(x[:, :1], None)
+    rest = x[:, 1:]
+    n = rest.shape[1] // step
+    if n == 0:
+        return y0
+    chunks = rest.reshape(rest.shape[0], n, step, *rest.shape[2:]).swapaxes(0, 1)
+
+    def body(cache, chunk):
+        y, cache = fn(chunk, cache)
+        return cache, y
+
+    _, ys = jax.lax.scan(body, cache, chunks)
+    ys = ys.swapaxes(0, 1)
+    ys = ys.reshape(ys.shape[0], ys.shape[1] * ys.shape[2], *ys.shape[3:])
+    return jnp.concatenate([y0, ys.astype(y0.dtype)], axis=1)
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _blend(a: Array, b: Array, extent: int, axis: int) -> Array:
+    """b with its first `extent` rows along `axis` cross-faded from the last rows of a."""
+    extent = min(a.shape[axis], b.shape[axis], extent)
+    if extent <= 0:
+        return b
+    ramp = (jnp.arange(extent, dtype=jnp.float32) / extent).astype(b.dtype)
+    ramp = ramp.reshape((1,) * axis + (extent,) + (1,) * (b.ndim - axis - 1))
+    tail = jax.lax.slice_in_dim(a, a.shape[axis] - extent, a.shape[axis], axis=axis)
+    head = jax.lax.slice_in_dim(b, 0, extent, axis=axis)
+    rest = jax.lax.slice_in_dim(b, extent, b.shape[axis], axis=axis)
+    mixed = tail * (1 - ramp) + head * ramp
+    return jnp.concatenate([mixed, rest], axis=axis)
+
+
+def _tiled(
+    fn: Callable[[Array], Array],
+    x: Float[Array, "b t h w c"],
+    *,
+    tile_in: tuple[int, int],
+    stride_in: tuple[int, int],
+    scale: float,
+) -> Array:
+    """Runs fn on overlapping spatial tiles of x and cross-fades their outputs (diffusers' scheme).
+
+    Output tiles are blended over (tile - stride) rows/columns with their upper and left
+    neighbours (already blended, as diffusers blends in place), cropped to the stride and joined.
+    """
+    tile_out = (round(tile_in[0] * scale), round(tile_in[1] * scale))
+    stride_out = (round(stride_in[0] * scale), round(stride_in[1] * scale))
+    rows: list[list[Array]] = []
+    for i in range(0, x.shape[2], stride_in[0]):
+        row: list[Array] = []
+        for j in range(0, x.shape[3], stride_in[1]):
+            tile = fn(x[:, :, i : i + tile_in[0], j : j + tile_in[1]])
+            if rows:
+                tile = _blend(rows[-1][len(row)], tile, tile_out[0] - stride_out[0], axis=2)
+            if row:
+                tile = _blend(row[-1], tile, tile_out[1] - stride_out[1], axis=3)
+            row.append(tile)
+        rows.append(row)
+    out = jnp.concatenate(
+        [
+            jnp.concatenate([t[:, :, : stride_out[0], : stride_out[1]] for t in row], axis=3)
+            for row in rows
+        ],
+        axis=2,
+    )
+    return out[:, :, : round(x.shape[2] * scale), : round(x.shape[3] * scale)]
+
+
+class WanVAE(nnx.Module):
+    """The Wan 2.1 VAE: causal 3D conv encoder/decoder with a diagonal Gaussian latent.
+
+    `encode`/`decode` are the jit-compiled user API on normalised latents; `moments` and
+    `decode_raw` are the traceable pieces (for training inside your own transforms).
+    """
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        kw = dict(
+            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
+        )
+        z = config.z_dim
+        self.encoder = Encoder(config, rngs=rngs)
+        self.quant_conv = CausalConv3d(2 * z, 2 * z, (1, 1, 1), **kw)
+        self.post_quant_conv = CausalConv3d(z, z, (1, 1, 1), **kw)
+        self.decoder = Decoder(config, rngs=rngs)
+
+    # ---------------------------------------------------------------- checks and normalisation
+
+    def _check_video(self, x) -> None:
+        cfg = self.config
+        if x.ndim != 5:
+            raise ValueError(f"video must be (b, t, h, w, c), got shape {x.shape}")
+        _, t, h, w, c = x.shape
+        if c != cfg.in_channels:
+            raise ValueError(f"video has {c} channels, expected {cfg.in_channels} (channels-last)")
+        if t % ENCODE_CHUNK != 1:
+            raise ValueError(f"video must have 1 + {ENCODE_CHUNK}k frames, got {t}")
+        s = cfg.spatial_factor
+        if h % s or w % s:
+            raise ValueError(f"video height and width must be divisible by {s}, got {h}x{w}")
+
+    def _check_latents(self, z) -> None:
+        if z.ndim != 5:
+            raise ValueError(f"latents must be (b, t, h, w, c), got shape {z.shape}")
+        if z.shape[-1] != self.config.z_dim:
+            raise ValueError(
+                f"latents have {z.shape[-1]} channels, expected z_dim={self.config.z_dim}"
+            )
+        if z.shape[1] < 1:
+            raise ValueError("latents have no frames")
+
+    def _stats(self) -> tuple[Array, Array]:
+        cfg = self.config
+        mean = cfg.latents_mean or (0.0,) * cfg.z_dim
+        std = cfg.latents_std or (1.0,) * cfg.z_dim
+        return jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
+
+    def normalize(self, z: Float[Array, "b t h w c"]) -> Float[Array, "b t h w c"]:
+        """Raw latents -> (z - latents_mean) / latents_std (what the diffusion model sees)."""
+        mean, std = (_last_axis(v, z.ndim) for v in self._stats())
+        return ((z.astype(jnp.float32) - mean) / std).astype(z.dtype)
+
+    def denormalize(self, z: Float[Array, "b t h w c"]) -> Float[Array, "b t h w c"]:
+        """Normalised latents -> raw latents z * latents_std + latents_mean."""
+        mean, std = (_last_axis(v, z.ndim) for v in self._stats())
+        return (z.astype(jnp.float32) * std + mean).astype(z.dtype)
+
+    # ---------------------------------------------------------------- traceable pieces
+
+    def moments(
+        self, x: Float[Array, "b T H W c"], *, frames_per_step: int = ENCODE_CHUNK
+    ) -> tuple[Float[Array, "b t h w z"], Float[Array, "b t h w z"]]:
+        """Raw posterior mean and log-variance of a video.
+
+        Args:
+          x: pixels in [-1, 1], T = 1 + 4k frames, H and W divisible by the spatial factor.
+          frames_per_step: frames per scan step after frame 0 (a multiple of 4 dividing T - 1);
+            the result does not depend on it, only memory and speed do.
+
+        Returns:
+          (mu, logvar), each (b, 1 + (T - 1) / temporal_factor, H / s, W / s, z_dim);
+          logvar clipped to [-30, 20] as diffusers does.
+        """
+        self._check_video(x)
+        if frames_per_step % ENCODE_CHUNK or (x.shape[1] - 1) % frames_per_step:
+            raise ValueError(
+                f"frames_per_step={frames_per_step} must be a multiple of {ENCODE_CHUNK} "
+                f"dividing {x.shape[1] - 1}"
+            )
+        x = shard(x.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
+        h = _run_chunked(self.encoder, x, frames_per_step)
+        h, _ = self.quant_conv(h)
+        mu, logvar = jnp.split(h, 2, axis=-1)
+        return mu, jnp.clip(logvar, -30.0, 20.0)
+
+    def decode_raw(
+        self, z: Float[Array, "b t h w z"], *, latents_per_step: int = 1
+    ) -> Float[Array, "b T H W c"]:
+        """Raw (un-normalised) latents -> pixels, unclamped.
+
+        Args:
+          z: raw latents.
+          latents_per_step: latent frames per scan step after frame 0 (must divide t - 1);
+            the result does not depend on it, only memory and speed do.
+
+        Returns:
+          Pixels (b, 1 + (t - 1) * temporal_factor, h * s, w * s, out_channels).
+        """
+        self._check_latents(z)
+        if latents_per_step < 1 or (z.shape[1] - 1) % latents_per_step:
+            raise ValueError(
+                f"latents_per_step={latents_per_step} must be positive and divide {z.shape[1] - 1}"
+            )
+        z = shard(z.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
+        x, _ = self.post_quant_conv(z)
+        return _run_chunked(self.decoder, x, latents_per_step)
+
+    # ---------------------------------------------------------------- user API
+
+    def encode(
+        self,
+        x: Float[Array, "b T H W c"],
+        *,
+        tile_size: int | tuple[int, int] | None = None,
+        tile_stride: int | tuple[int, int] | None = None,
+        frames_per_step: int = ENCODE_CHUNK,
+    ) -> Float[Array, "b t h w z"]:
+        """Normalised posterior mode (mu - latents_mean) / latents_std of a video in [-1, 1].
+
+        Args:
+          x: (b, T, H, W, c) with T = 1 + 4k and H, W divisible by the spatial factor.
+          tile_size / tile_stride: optional pixel tiles (multiples of the spatial factor) for
+            frames larger than `tile_size`; overlapping moments are cross-faded as in diffusers.
+          frames_per_step: see `moments`.
+
+        Returns:
+          (b, 1 + (T - 1) / temporal_factor, H / s, W / s, z_dim).
+        """
+        self._check_video(x)
+        tiles = self._tiles(tile_size, tile_stride, x.shape[2:4], 1)
+        if tiles is None:
+            return _encode_jit(self, x, frames_per_step)
+        h = _tiled(
+            lambda t: _moments_jit(self, t, frames_per_step),
+            x,
+            tile_in=tiles[0],
+            stride_in=tiles[1],
+            scale=1 / self.config.spatial_factor,
+        )
+        return self.normalize(h[..., : self.config.z_dim])
+
+    def decode(
+        self,
+        z: Float[Array, "b t h w z"],
+        *,
+        tile_size: int | tuple[int, int] | None = None,
+        tile_stride: int | tuple[int, int] | None = None,
+        latents_per_step: int = 1,
+    ) -> Float[Array, "b T H W c"]:
+        """Normalised latents -> pixels clamped to [-1, 1], one latent frame per scan step.
+
+        Args:
+          z: (b, t, h, w, z_dim) normalised latents (as `encode` returns).
+          tile_size / tile_stride: optional pixel tiles (multiples of the spatial factor) for
+            frames larger than `tile_size`; overlaps are cross-faded as in diffusers.
+          latents_per_step: see `decode_raw`.
+
+        Returns:
+          (b, 1 + (t - 1) * temporal_factor, h * s, w * s, out_channels).
+        """
+        self._check_latents(z)
+        tiles = self._tiles(tile_size, tile_stride, z.shape[2:4], self.config.spatial_factor)
+        if tiles is None:
+            return _decode_jit(self, z, latents_per_step)
+        s = self.config.spatial_factor
+        x = _tiled(
+            lambda t: _decode_raw_jit(self, t, latents_per_step),
+            self.denormalize(z),
+            tile_in=(tiles[0][0] // s, tiles[0][1] // s),
+            stride_in=(tiles[1][0] // s, tiles[1][1] // s),
+            scale=s,
+        )
+        return jnp.clip(x, -1.0, 1.0)
+
+    def _tiles(self, tile_size, tile_stride, hw, pixels_per_unit):
+        """Validated ((tile_h, tile_w), (stride_h, stride_w)) in pixels, or None if untiled."""
+        if tile_size is None:
+            if tile_stride is not None:
+                raise ValueError("tile_stride given without tile_size")
+            return None
+        s = self.config.spatial_factor
+        size = _pair(tile_size)
+        stride = (
+            _pair(tile_stride)
+            if tile_stride is not None
+            else tuple(max(s, (3 * v // 4) // s * s) for v in size)
+        )
+        for name, v in (("tile_size", size), ("tile_stride", stride)):
+            if min(v) < s or v[0] % s or v[1] % s:
+                raise ValueError(f"{name} {v} must be positive multiples of {s}")
+        if stride[0] > size[0] or stride[1] > size[1]:
+            raise ValueError(f"tile_stride {stride} exceeds tile_size {size}")
+        pixels = (hw[0] * pixels_per_unit, hw[1] * pixels_per_unit)
+        if pixels[0] <= size[0] and pixels[1] <= size[1]:
+            return None
+        return size, stride
+
+
+@nnx.jit(static_argnames=("frames_per_step",))
+def _encode_jit(vae: WanVAE, x, frames_per_step):
+    return vae.normalize(vae.moments(x, frames_per_step=frames_per_step)[0])
+
+
+@nnx.jit(static_argnames=("frames_per_step",))
+def _moments_jit(vae: WanVAE, x, frames_per_step):
+    return jnp.concatenate(vae.moments(x, frames_per_step=frames_per_step), axis=-1)
+
+
+@nnx.jit(static_argnames=("latents_per_step",))
+def _decode_jit(vae: WanVAE, z, latents_per_step):
+    x = vae.decode_raw(vae.denormalize(z), latents_per_step=latents_per_step)
+    return jnp.clip(x, -1.0, 1.0)
+
+
+@nnx.jit(static_argnames=("latents_per_step",))
+def _decode_raw_jit(vae: WanVAE, z, latents_per_step):
+    return vae.decode_raw(z, latents_per_step=latents_per_step)
