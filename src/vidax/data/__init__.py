@@ -1,5 +1,20 @@
-"""Synthetic text-to-video data: procedural coloured-shape clips with ground truth."""
+"""Synthetic text-to-video data: procedural coloured-shape clips with ground truth.
 
+- `shapes`: `ClipSpec`/`ObjectSpec`, `sample_spec`, `render`, `caption`/`parse_caption`,
+  `EVAL_PROMPTS`.
+- `loader`: `ClipLoader`, an infinite, seeded batch iterator resumable from (seed, step), and
+  `shard_batch`, which places a batch on a mesh's ("data", "fsdp") axes.
+"""
+
+from vidax.data.loader import (
+    BATCH_AXES,
+    ClipLoader,
+    LoaderConfig,
+    batch_rows,
+    batch_sharding,
+    clip_at,
+    shard_batch,
+)
 from vidax.data.shapes import (
     DIRECTIONS,
     EVAL_PROMPTS,
@@ -13,7 +28,9 @@ from vidax.data.shapes import (
     ClipSpec,
     EvalPrompt,
     ObjectSpec,
+    camera_velocity,
     caption,
+    extent,
     parse_caption,
     parse_pan,
     render,
@@ -22,6 +39,7 @@ from vidax.data.shapes import (
 )
 
 __all__ = [
+    "BATCH_AXES",
     "DIRECTIONS",
     "EVAL_PROMPTS",
     "MOTIONS",
@@ -31,13 +49,21 @@ __all__ = [
     "SHAPES",
     "SPEED",
     "CaptionObject",
+    "ClipLoader",
     "ClipSpec",
     "EvalPrompt",
+    "LoaderConfig",
     "ObjectSpec",
+    "batch_rows",
+    "batch_sharding",
+    "camera_velocity",
     "caption",
+    "clip_at",
+    "extent",
     "parse_caption",
     "parse_pan",
     "render",
     "sample_spec",
+    "shard_batch",
     "trajectories",
 ]

@@ -140,13 +140,15 @@ class ClipSpec:
     @property
     def camera_velocity(self) -> tuple[float, float]:
         """Camera velocity (x, y) in min(h, w) per frame; content moves the opposite way."""
-        return {
-            "none": (0.0, 0.0),
-            "left": (-PAN_SPEED, 0.0),
-            "right": (PAN_SPEED, 0.0),
-            "up": (0.0, -PAN_SPEED),
-            "down": (0.0, PAN_SPEED),
-        }[self.pan]
+        return camera_velocity(self.pan)
+
+
+def camera_velocity(pan: str) -> tuple[float, float]:
+    """Camera velocity (x, y) in min(h, w) per frame for a pan in `PANS`."""
+    if pan not in PANS:
+        raise ValueError(f"pan {pan!r} not in {PANS}")
+    step = {"none": (0, 0), "left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}[pan]
+    return (PAN_SPEED * step[0], PAN_SPEED * step[1])
 
 
 # --------------------------------------------------------------------------- sampling
@@ -186,8 +188,8 @@ def sample_spec(
         motion = str(rng.choice(MOTIONS))
         direction = None if motion == "still" else str(rng.choice(list(DIRECTIONS)))
         position = (0.5, 0.5)
+        margin = max(extent(shape, size)) + 0.02  # start inside the walls
         for _ in range(20):
-            margin = 1.5 * size
             position = tuple(float(np.round(rng.uniform(margin, 1 - margin), 4)) for _ in "xy")
             if all(_apart(position, size, o) for o in objects):
                 break
@@ -213,17 +215,27 @@ def _apart(position: tuple[float, float], size: float, other: ObjectSpec) -> boo
 # --------------------------------------------------------------------------- rendering
 
 
-def _extent(obj: ObjectSpec, scale: float) -> tuple[float, float, float, float]:
-    """Distances from the centroid to the (left, right, top, bottom) edges, in pixels."""
-    r = obj.size * scale
-    if obj.shape == "circle":
-        return (r, r, r, r)
-    if obj.shape == "square":
-        h = _SQUARE_HALF * r
+def extent(shape: str, radius: float) -> tuple[float, float, float, float]:
+    """Distances from a shape's centroid to its (left, right, top, bottom) edges.
+
+    Args:
+        shape: one of `SHAPES`.
+        radius: radius of the equal-area circle (any unit; the result is in the same unit).
+    """
+    if shape == "circle":
+        return (radius, radius, radius, radius)
+    if shape == "square":
+        h = _SQUARE_HALF * radius
         return (h, h, h, h)
-    half_side = _TRIANGLE_SIDE * r / 2
-    inr = _TRIANGLE_INRADIUS * r
-    return (half_side, half_side, 2 * inr, inr)  # apex up: circumradius = 2 * inradius
+    if shape == "triangle":
+        half_side = _TRIANGLE_SIDE * radius / 2
+        inr = _TRIANGLE_INRADIUS * radius
+        return (half_side, half_side, 2 * inr, inr)  # apex up: circumradius = 2 * inradius
+    raise ValueError(f"shape {shape!r} not in {SHAPES}")
+
+
+def _extent(obj: ObjectSpec, scale: float) -> tuple[float, float, float, float]:
+    return extent(obj.shape, obj.size * scale)
 
 
 def _fold(p: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -518,7 +530,9 @@ def _o(shape, colour, motion="still", direction=None, x=0.5, y=0.5, size=0.11) -
 
 
 # Hand-written so that they never change with a sampler. "bouncing" prompts start an object
-# next to a wall, moving into it, so that it reverses within the first 17 frames.
+# next to a wall, moving into it, so that it reverses within the first 17 frames. Objects of one
+# clip keep to separate lanes and never overlap within 33 frames (occlusion would blur what
+# the metrics measure).
 _EVAL_TABLE: dict[str, list[tuple[tuple[ObjectSpec, ...], str]]] = {
     "static": [
         ((_o("circle", "red"),), "none"),
@@ -558,31 +572,31 @@ _EVAL_TABLE: dict[str, list[tuple[tuple[ObjectSpec, ...], str]]] = {
         ),
         (
             (
-                _o("triangle", "green", "slow", "left", x=0.7, y=0.3, size=0.12),
-                _o("circle", "yellow", "fast", "down", x=0.25, y=0.4),
+                _o("triangle", "green", "slow", "right", x=0.55, y=0.25, size=0.12),
+                _o("circle", "yellow", "fast", "down", x=0.22, y=0.4),
             ),
             "none",
         ),
         (
             (
                 _o("square", "white", x=0.25, y=0.25, size=0.1),
-                _o("circle", "magenta", "slow", "right", x=0.4, y=0.72, size=0.1),
-                _o("triangle", "red", "fast", "up", x=0.78, y=0.6, size=0.1),
+                _o("circle", "magenta", "slow", "left", x=0.55, y=0.75, size=0.1),
+                _o("triangle", "red", "fast", "up", x=0.84, y=0.45, size=0.1),
             ),
             "none",
         ),
         (
             (
-                _o("circle", "blue", "slow", "down", x=0.2, y=0.3, size=0.1),
-                _o("square", "yellow", "fast", "left", x=0.6, y=0.5, size=0.1),
+                _o("circle", "blue", "slow", "up", x=0.2, y=0.55, size=0.1),
+                _o("square", "yellow", "fast", "left", x=0.6, y=0.8, size=0.1),
                 _o("triangle", "magenta", x=0.8, y=0.2, size=0.1),
             ),
             "none",
         ),
         (
             (
-                _o("triangle", "white", "fast", "up-right", x=0.3, y=0.7, size=0.12),
-                _o("square", "red", "slow", "down-left", x=0.7, y=0.3),
+                _o("triangle", "white", "fast", "right", x=0.3, y=0.75, size=0.12),
+                _o("square", "red", "slow", "up-left", x=0.7, y=0.35),
             ),
             "none",
         ),
@@ -599,8 +613,8 @@ _EVAL_TABLE: dict[str, list[tuple[tuple[ObjectSpec, ...], str]]] = {
         ((_o("square", "green", x=0.3, y=0.35), _o("circle", "magenta", x=0.7, y=0.65)), "right"),
         (
             (
-                _o("triangle", "red", "slow", "down", x=0.25, y=0.3, size=0.12),
-                _o("square", "blue", "fast", "left", x=0.65, y=0.65),
+                _o("triangle", "red", "slow", "right", x=0.3, y=0.25, size=0.12),
+                _o("square", "blue", "fast", "left", x=0.65, y=0.75),
             ),
             "up",
         ),
