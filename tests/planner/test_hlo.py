@@ -131,6 +131,36 @@ def test_trip_count_from_condition_and_backend_config():
     assert c.groups == ((0, 1), (2, 3)) and c.global_device_ids and c.channel_id == 1
 
 
+@pytest.mark.parametrize(
+    ("init", "update", "compare", "trips"),
+    [
+        ("2", "%next = s32[] add(%i, %two)", "compare(%j, %limit), direction=LE", 5),  # 2..10
+        (
+            "2",
+            "%ic = s32[] copy(%i)\n  %next = s32[] add(%ic, %two)",
+            "compare(%limit, %j), direction=GT",
+            4,
+        ),
+        ("10", "%next = s32[] subtract(%i, %two)", "compare(%j, %limit), direction=GT", 0),
+        (
+            "20",
+            "%next = s32[] subtract(%i, %two)",
+            "compare(%j, %limit), direction=GE",
+            6,
+        ),  # 20..10
+        ("0", "%next = s32[] add(%two, %i)", "compare(%j, %limit), direction=NE", 5),
+    ],
+)
+def test_trip_count_arithmetic(init, update, compare, trips):
+    text = (
+        _LOOP.replace("%c = s32[] constant(2)", f"%c = s32[] constant({init})")
+        .replace("%next = s32[] add(%i, %two)", update)
+        .replace("compare(%j, %limit), direction=LT", compare)
+    )
+    loop = analyze_hlo(text).loops[0]
+    assert (loop.trip_count, loop.known) == (trips, True)
+
+
 def test_unknown_trip_count_is_flagged():
     text = _LOOP.replace(
         "ROOT %lt = pred[] compare(%j, %limit), direction=LT",
@@ -216,6 +246,9 @@ def test_module_parser_reads_structure():
     assert entry.root.name == "sum"
     with pytest.raises(ValueError, match="no ENTRY"):
         parse_module("HloModule empty\n")
+    broken = _ASYNC.replace("calls=%fused_dot", "calls=%missing")
+    with pytest.raises(ValueError, match="'missing', which it does not define"):
+        analyze_hlo(broken)
 
 
 # ---- real TPU compiles -----------------------------------------------------------------------
@@ -346,7 +379,7 @@ def test_async_collective_fusions_are_counted_once(tpu_topology):
             x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
         return x
 
-    b, d = 2048, 2048
+    b, d = 1024, 512
     args = (_sds(mesh, (b, d), spec, jnp.bfloat16), [_sds(mesh, (d, d), spec, jnp.bfloat16)] * 4)
     text = jax.jit(f).lower(*args).compile().as_text()
     analysis = analyze_hlo(text)

@@ -12,6 +12,13 @@ ordinary `jax.sharding.Mesh` (`realize`). Model code does not change.
     best = rank_placements(analysis, topo, enumerate_placements(topo, (4, 4)))[0]
 """
 
+from vidax.planner.candidates import (
+    check_fits,
+    compile_checked,
+    device_memory,
+    mesh_shapes,
+    padded_length,
+)
 from vidax.planner.comm import CommCost, best_ring, collective_cost, grid_cycle, link_loads
 from vidax.planner.hardware import CHIPS, Chip, get_chip
 from vidax.planner.hlo import (
@@ -47,8 +54,11 @@ __all__ = [
     "Topology",
     "analyze_hlo",
     "best_ring",
+    "check_fits",
     "collective_cost",
+    "compile_checked",
     "compute_time_from_cost_analysis",
+    "device_memory",
     "enumerate_placements",
     "expand_iota",
     "get_chip",
@@ -56,6 +66,8 @@ __all__ = [
     "jax_default_placement",
     "link_loads",
     "load_topology",
+    "mesh_shapes",
+    "padded_length",
     "parse_module",
     "parse_replica_groups",
     "parse_topology",

@@ -609,9 +609,14 @@ def _base_kind(opcode: str) -> str | None:
     return opcode if opcode in COLLECTIVES else None
 
 
+class _Computations(dict):
+    def __missing__(self, name):
+        raise ValueError(f"HLO text calls computation {name!r}, which it does not define")
+
+
 class _Walker:
     def __init__(self, module: HloModule):
-        self.module = module
+        self.module = dataclasses.replace(module, computations=_Computations(module.computations))
         self.collectives: list[Collective] = []
         self.ops: list[OpCost] = []
         self.loops: list[WhileLoop] = []
@@ -702,6 +707,8 @@ class _Walker:
                 body = self.module.computations[name]
             elif key == "condition":
                 cond = self.module.computations[name]
+        if body is None:
+            raise ValueError(f"while {inst.name!r} has no body computation")
         trip, trip_known = _trip_count(self.module, comp, inst, cond, body)
         self.loops.append(WhileLoop(inst.name, comp.name, body.name, trip, trip_known))
         self.walk(body, count * trip, known and trip_known)
@@ -971,29 +978,35 @@ def _loop_bound(module: HloModule, cond: Computation):
 
 
 def _tuple_constant(comp: Computation, name: str, index: int) -> int | None:
-    tup = comp.by_name.get(name)
+    tup = _through(comp, name)
     if tup is None or tup.opcode != "tuple" or index >= len(tup.operands):
         return None
-    inst = comp.by_name.get(tup.operands[index])
-    while inst is not None and inst.opcode in ("copy", "bitcast", "convert"):
-        inst = comp.by_name.get(inst.operands[0])
+    inst = _through(comp, tup.operands[index])
     if inst is not None and inst.opcode == "constant":
         vals = _ints(inst.raw_operands)
         return vals[0] if len(vals) == 1 else None
     return None
 
 
+def _through(comp: Computation, name: str) -> Instruction | None:
+    """The instruction behind `name`, looking through copies, bitcasts and converts."""
+    inst = comp.by_name.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast", "convert") and inst.operands:
+        inst = comp.by_name.get(inst.operands[0])
+    return inst
+
+
 def _body_step(body: Computation, index: int) -> int | None:
     root = body.root
     if root.opcode != "tuple" or index >= len(root.operands):
         return None
-    upd = body.by_name.get(root.operands[index])
+    upd = _through(body, root.operands[index])
     if upd is None or upd.opcode not in ("add", "subtract") or len(upd.operands) != 2:
         return None
     vals = []
     var_ok = False
     for o in upd.operands:
-        x = body.by_name.get(o)
+        x = _through(body, o)
         if x is None:
             return None
         if x.opcode == "constant":

@@ -11,7 +11,8 @@ links exist only where the slice closes a ring:
 
 Chips are indexed x-fastest (`i = x + X*(y + Y*z)`), which on compile-only v5e devices equals
 `device.id`. Messages follow dimension-order routing (x, then y, then z), going the shorter way
-round on wrapped axes, as a simple deterministic stand-in for the ICI router.
+round on wrapped axes (a message exactly half-way round is split over both directions), as a
+simple deterministic stand-in for the ICI router.
 
     topo = load_topology("v5e:4x4")          # needs libtpu, no TPU
     topo.route(0, 15)                         # link ids from chip (0,0) to (3,3)
