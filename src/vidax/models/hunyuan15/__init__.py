@@ -1,0 +1,19 @@
+"""HunyuanVideo-1.5 text/image-to-video diffusion transformer."""
+
+from vidax.models.hunyuan15.config import PRESETS, HunyuanVideo15Config
+from vidax.models.hunyuan15.convert import key_map, load
+from vidax.models.hunyuan15.model import (
+    ByT5Projection,
+    HunyuanVideo15Transformer,
+    ImageProjection,
+)
+
+__all__ = [
+    "PRESETS",
+    "ByT5Projection",
+    "HunyuanVideo15Config",
+    "HunyuanVideo15Transformer",
+    "ImageProjection",
+    "key_map",
+    "load",
+]
