@@ -140,7 +140,7 @@ def find_blobs(
     pixels = np.flatnonzero(roots >= 0)
     uniq, inverse, counts = np.unique(roots[pixels], return_inverse=True, return_counts=True)
     order = np.argsort(inverse, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    starts = np.cumsum(counts) - counts
     sorted_pixels = pixels[order]
     ys = (sorted_pixels // w) % h
     xs = sorted_pixels % w
