@@ -265,3 +265,18 @@ def test_tokenizer_errors_are_clear(tmp_path):
     path = word_tokenizer_json(tmp_path / "noeos.json", specials=("<pad>", "<unk>"))
     with pytest.raises(ValueError, match="EOS"):
         Tokenizer(path)
+
+
+@pytest.mark.parametrize("strategy", ["tp_sp"])  # covers embed->fsdp and heads/mlp->tensor
+def test_sharded_load_and_forward_match_single_device(model, tmp_path, strategy):
+    from vidax.sharding import make_mesh, use_mesh
+
+    save_model(model, tmp_path / "m.safetensors", key_map(TINY))
+    mesh = make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    sharded = load(tmp_path / "m.safetensors", TINY, mesh=mesh, strategy=strategy)
+    assert not sharded.blocks.ffn.wi_0.kernel[...].sharding.is_fully_replicated
+    ids = jnp.asarray(np.random.default_rng(3).integers(0, TINY.vocab_size, (4, 10)), jnp.int32)
+    mask = jnp.arange(10)[None] < jnp.asarray([[10], [7], [3], [1]])
+    with use_mesh(mesh, strategy):
+        got = _apply(sharded, ids, mask)
+    np.testing.assert_allclose(got, _apply(model, ids, mask), rtol=1e-5, atol=1e-5)
