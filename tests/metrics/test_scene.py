@@ -1,6 +1,7 @@
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,6 +49,9 @@ def test_evaluate_with_reference(rendered):
     assert r["psnr"] == math.inf and r["ssim"] == pytest.approx(1.0)
     assert r["perceptual_distance"] == 0.0
     assert "trajectory_error" not in r  # a caption has no ground-truth paths
+    assert evaluate(jnp.asarray(video), PROMPTS["fast-0"].spec) == evaluate(
+        video, PROMPTS["fast-0"].spec
+    )
     single = evaluate(video[:1], PROMPTS["fast-0"].caption)
     assert math.isnan(single["motion_fidelity"]) and single["caption_adherence"] == 1.0
 

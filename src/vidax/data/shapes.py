@@ -314,8 +314,8 @@ def _background(spec: ClipSpec, num_frames: int, height: int, width: int) -> np.
     # World offset of frame t along the pan axis: speed * t pixels.
     shift = speed * np.arange(num_frames)
     lo = math.floor(shift.min())
-    extent = size[axis] + math.ceil(shift.max()) - lo + 2
-    world = np.arange(extent) + lo
+    span = size[axis] + math.ceil(shift.max()) - lo + 2
+    world = np.arange(span) + lo
     coords = [np.arange(height), np.arange(width)]
     coords[axis] = world
     tex = _texture(spec, coords[0], coords[1], scale)

@@ -22,6 +22,7 @@ _PALETTE = np.asarray([PALETTE[c] for c in COLOURS], np.float32)  # (k, 3) in [0
 # Bounding-box fill ratio: squares fill 1, circles pi/4 = 0.785, triangles 1/2. Then the share of
 # the bbox's four corner triangles that is filled: ~1 for squares, ~0 for circles.
 _TRIANGLE_FILL, _SQUARE_FILL, _SQUARE_CORNER = 0.64, 0.94, 0.5
+_CIRCLE, _SQUARE, _TRIANGLE = (SHAPES.index(s) for s in ("circle", "square", "triangle"))
 DEFAULT_THRESHOLD = 0.3
 
 
