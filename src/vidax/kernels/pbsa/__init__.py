@@ -1,0 +1,24 @@
+"""Persistent block-sparse attention (PBSA): query tiles attend to selected blocks of a KV pool.
+
+`pbsa` is the Pallas kernel (TPU Mosaic, GPU Triton, interpretable on CPU) with a `custom_vjp`;
+`pbsa_reference` is its spec in plain `jnp`. The index format is documented in
+`vidax.kernels.pbsa.index`; `update_pool`, `gather_blocks` and `block_means` maintain and
+summarise the pool.
+"""
+
+from vidax.kernels.pbsa.index import canonicalize_selection, selection_mask
+from vidax.kernels.pbsa.kernel import BACKENDS, BlockSizes, pbsa
+from vidax.kernels.pbsa.pool import block_means, gather_blocks, update_pool
+from vidax.kernels.pbsa.reference import pbsa_reference
+
+__all__ = [
+    "BACKENDS",
+    "BlockSizes",
+    "block_means",
+    "canonicalize_selection",
+    "gather_blocks",
+    "pbsa",
+    "pbsa_reference",
+    "selection_mask",
+    "update_pool",
+]

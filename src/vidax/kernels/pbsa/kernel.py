@@ -1,0 +1,543 @@
+"""Persistent block-sparse attention (PBSA): Pallas kernels over a paged pool of KV blocks.
+
+Index format (see `vidax.kernels.pbsa.index` for the details):
+
+- `pool_k`, `pool_v` `(b, n_kv, num_slots, block_size, k)`: per batch element and KV head, a pool
+  of `num_slots` blocks of `block_size` tokens. `slot_len` `(b, n_kv, num_slots)` (optional)
+  counts the valid leading tokens of each slot.
+- `q` `(b, n, l, k)` is cut into `num_q_tiles` tiles of `block_q` rows; the `n // n_kv` query
+  heads of a KV head share its lists.
+- `block_idx` int32 `(b, n_kv, num_q_tiles, max_sel)` lists the pool slots a query tile attends
+  to; `block_cnt` int32 `(b, n_kv, num_q_tiles)` how many leading entries are valid. Duplicates
+  count once; a tile with no valid token gets zeros (log-sum-exp `-inf`).
+
+One softmax runs over the union of the selected blocks, so selecting every block equals dense
+attention over the pool.
+
+How the kernels run: the wrapper sorts and de-duplicates the lists (`canonicalize_selection`)
+and folds the query heads of a KV head into the rows of one program, so each program handles
+`rows = groups * block_q` query rows against one KV head and reads every selected block once for
+the whole group. The grid is `(b, n_kv, query tiles)`; inside, an online softmax (float32) loops
+over the selected blocks with a **dynamic trip count** `block_cnt`: unselected slots are never
+read and cost nothing.
+
+- `backend="tpu"` (Mosaic): the lists, counts and slot lengths are scalar-prefetched into SMEM
+  (`PrefetchScalarGridSpec`); the pools stay in HBM (`memory_space=pl.ANY`) and the loop copies
+  `BlockSizes.block_kv // block_size` selected blocks per step into a double-buffered VMEM
+  scratch, starting the next step's copies before computing the current one. SMEM is small
+  (about 1 MiB): with very long lists, call per batch element or shard heads with `shard_map`.
+- `backend="triton"` (GPU): the same loop reads one block per step straight from the pool with a
+  dynamic `pl.ds(slot * block_size, block_size)` offset. Triton wants power-of-two tiles: the
+  wrapper pads the rows; `block_size` and `k` must be powers of two of at least 16.
+- `backend="reference"`: the gather-then-attend XLA path of `pbsa_reference`.
+
+Gradients: `pbsa` is a `jax.custom_vjp` whose backward pass is the VJP of the reference (it
+recomputes the attention over the gathered blocks), so training through the sparse attention
+works; it costs the reference's memory in the backward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+from jaxtyping import Array, Float, Int
+
+from vidax.kernels.pbsa.index import (
+    PbsaDims,
+    canonicalize_selection,
+    check_inputs,
+    full_slot_len,
+)
+from vidax.kernels.pbsa.reference import _attend, _q_tiles
+
+BACKENDS = ("auto", "tpu", "triton", "reference")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockSizes:
+    """Tile sizes of the PBSA kernels (never part of a model config).
+
+    Attributes:
+        block_q: query rows (per head) of one program; must divide the selection tile
+            `block_q` of the lists. None uses the whole selection tile.
+        block_kv: keys per inner step on TPU, rounded down to whole pool blocks (at least one).
+            Larger steps amortise the loop and feed the MXU wider matmuls.
+        num_warps: Triton warps per program; None picks 4 for `k <= 64`, else 8.
+        num_stages: Triton software-pipelining stages.
+    """
+
+    block_q: int | None = None
+    block_kv: int = 128
+    num_warps: int | None = None
+    num_stages: int = 2
+
+    def __post_init__(self):
+        if self.block_q is not None and self.block_q <= 0:
+            raise ValueError(f"BlockSizes.block_q must be positive, got {self.block_q}")
+        if self.block_kv <= 0:
+            raise ValueError(f"BlockSizes.block_kv must be positive, got {self.block_kv}")
+        if self.num_warps is not None and self.num_warps <= 0:
+            raise ValueError(f"BlockSizes.num_warps must be positive, got {self.num_warps}")
+        if self.num_stages <= 0:
+            raise ValueError(f"BlockSizes.num_stages must be positive, got {self.num_stages}")
+
+    @classmethod
+    def get_default(cls) -> BlockSizes:
+        return cls()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything static about one call; hashable so it can be a `custom_vjp` nondiff arg."""
+
+    dims: PbsaDims
+    scale: float
+    block_sizes: BlockSizes
+    backend: str
+    interpret: bool
+
+    @property
+    def q_split(self) -> int:
+        """Programs per selection tile."""
+        bq = self.block_sizes.block_q or self.dims.block_q
+        return self.dims.block_q // bq
+
+
+def pbsa(
+    q: Float[Array, "b n l k"],
+    pool_k: Float[Array, "b n_kv slots bs k"],
+    pool_v: Float[Array, "b n_kv slots bs k"],
+    block_idx: Int[Array, "b n_kv nq s"],
+    block_cnt: Int[Array, "b n_kv nq"],
+    *,
+    block_q: int | None = None,
+    scale: float | None = None,
+    slot_len: Int[Array, "b n_kv slots"] | None = None,
+    return_lse: bool = False,
+    block_sizes: BlockSizes | None = None,
+    backend: str = "auto",
+    interpret: bool = False,
+):
+    """Block-sparse attention of query tiles over their selected pool blocks (kernel).
+
+    Same contract as `pbsa_reference` (see the module docstring for the index format).
+
+    Args:
+        q: queries `(b, n, l, k)`.
+        pool_k: key pool `(b, n_kv, num_slots, block_size, k)`.
+        pool_v: value pool, same shape.
+        block_idx: int `(b, n_kv, num_q_tiles, max_sel)` selected slots per query tile.
+        block_cnt: int `(b, n_kv, num_q_tiles)` valid leading entries of `block_idx`.
+        block_q: query rows per selection tile; None infers `l // num_q_tiles`.
+        scale: logit scale, default `k ** -0.5`.
+        slot_len: int `(b, n_kv, num_slots)` or `(b, num_slots)` valid tokens per slot.
+        return_lse: also return the float32 log-sum-exp `(b, n, l)` (`-inf` for empty rows).
+        block_sizes: kernel tiles, default `BlockSizes.get_default()`.
+        backend: "tpu" (Mosaic), "triton" (GPU), "reference" (XLA) or "auto": the kernel of the
+            default device's platform; on CPU the TPU kernel when `interpret` is set, else the
+            reference.
+        interpret: run the Pallas kernel in interpret mode (any host, for tests).
+
+    Returns:
+        `out` `(b, n, l, k)` in `q.dtype`, or `(out, lse)`.
+
+    Raises:
+        ValueError: for inconsistent shapes or lists (see `check_inputs`), an unknown backend,
+            or tiles the chosen backend cannot run.
+    """
+    d = check_inputs(q, pool_k, pool_v, block_idx, block_cnt, block_q=block_q, slot_len=slot_len)
+    block_sizes = BlockSizes.get_default() if block_sizes is None else block_sizes
+    backend = _resolve_backend(backend, interpret)
+    _check_tiles(d, block_sizes, backend, q.dtype, pool_k.dtype)
+    static = _Static(
+        dims=d,
+        scale=float(d.k**-0.5 if scale is None else scale),
+        block_sizes=block_sizes,
+        backend=backend,
+        interpret=interpret,
+    )
+    idx, cnt = canonicalize_selection(block_idx, block_cnt, d.num_slots)
+    lens = full_slot_len(
+        slot_len, b=d.b, n_kv=d.n_kv, num_slots=d.num_slots, block_size=d.block_size
+    )
+    out, lse = _pbsa(q, pool_k, pool_v, idx, cnt, lens, static)
+    return (out, lse) if return_lse else out
+
+
+def _resolve_backend(backend: str, interpret: bool) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown pbsa backend {backend!r}; choose from {BACKENDS}")
+    if backend != "auto":
+        return backend
+    platform = jax.default_backend()
+    if platform == "tpu":
+        return "tpu"
+    if platform in ("gpu", "cuda", "rocm"):
+        return "triton"
+    return "tpu" if interpret else "reference"
+
+
+def _check_tiles(d: PbsaDims, bs: BlockSizes, backend: str, q_dtype, kv_dtype) -> None:
+    if bs.block_q is not None and d.block_q % bs.block_q:
+        raise ValueError(
+            f"BlockSizes.block_q={bs.block_q} must divide the selection tile block_q={d.block_q}"
+        )
+    if q_dtype != kv_dtype:
+        raise ValueError(f"q and the pool must share a dtype, got {q_dtype} and {kv_dtype}")
+    if backend == "triton":
+        for name, v in (("block_size", d.block_size), ("head dim k", d.k)):
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"the triton backend needs {name} a power of two >= 16, got {v}")
+
+
+# ----------------------------------------------------------------------------- custom VJP
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _pbsa(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+    return _forward(q, pool_k, pool_v, idx, cnt, lens, static)
+
+
+def _pbsa_fwd(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+    out = _forward(q, pool_k, pool_v, idx, cnt, lens, static)
+    return out, (q, pool_k, pool_v, idx, cnt, lens)
+
+
+def _pbsa_bwd(static: _Static, res, cotangents):
+    q, pool_k, pool_v, idx, cnt, lens = res
+
+    def ref(q, pool_k, pool_v):
+        return _attend(q, pool_k, pool_v, idx, cnt, lens, static.dims, static.scale)
+
+    _, vjp = jax.vjp(ref, q, pool_k, pool_v)
+    dq, dk, dv = vjp(cotangents)
+    return dq, dk, dv, None, None, None
+
+
+_pbsa.defvjp(_pbsa_fwd, _pbsa_bwd)
+
+
+def _forward(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+    d = static.dims
+    if static.backend == "reference":
+        return _attend(q, pool_k, pool_v, idx, cnt, lens, d, static.scale)
+    rows_q = _rows(q, static)
+    if static.backend == "tpu":
+        o, lse = _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static)
+    else:
+        o, lse = _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static)
+    return _unrows(o, lse, q.dtype, static)
+
+
+def _rows(q: Array, static: _Static) -> Array:
+    """`(b, n, l, k)` -> `(b, n_kv, num_programs_q, groups * bq, k)`: a group's heads as rows."""
+    d, split = static.dims, static.q_split
+    bq = d.block_q // split
+    x = _q_tiles(q, d).reshape(d.b, d.n_kv, d.groups, d.num_q_tiles, split, bq, d.k)
+    x = x.transpose(0, 1, 3, 4, 2, 5, 6)
+    return x.reshape(d.b, d.n_kv, d.num_q_tiles * split, d.groups * bq, d.k)
+
+
+def _unrows(o: Array, lse: Array, dtype, static: _Static):
+    """Inverse of `_rows` for the output and the log-sum-exp (drops padded rows)."""
+    d, split = static.dims, static.q_split
+    bq = d.block_q // split
+    rows = d.groups * bq
+    o = o[..., :rows, :].reshape(d.b, d.n_kv, d.num_q_tiles, split, d.groups, bq, d.k)
+    o = o.transpose(0, 1, 4, 2, 3, 5, 6).reshape(d.b, d.n, d.num_q_tiles * d.block_q, d.k)
+    lse = lse[..., :rows].reshape(d.b, d.n_kv, d.num_q_tiles, split, d.groups, bq)
+    lse = lse.transpose(0, 1, 4, 2, 3, 5).reshape(d.b, d.n, d.num_q_tiles * d.block_q)
+    return o[:, :, : d.lq].astype(dtype), lse[:, :, : d.lq]
+
+
+def _pad_rows(x: Array, rows: int) -> Array:
+    pad = rows - x.shape[-2]
+    return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, 0)])
+
+
+# ----------------------------------------------------------------------------- TPU (Mosaic)
+
+
+def _tpu_blocks_per_step(d: PbsaDims, block_kv: int, dtype) -> int:
+    # Several blocks share one VMEM buffer only when each lands on a sublane-tile boundary.
+    tile = 8 * (4 // jnp.dtype(dtype).itemsize)
+    if d.block_size % tile:
+        return 1
+    return max(1, min(block_kv // d.block_size, d.max_sel))
+
+
+def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+    d = static.dims
+    b, n_kv, n_prog, rows, k = rows_q.shape
+    # Sublane-align the rows (8 for 32-bit, 16 for 16-bit dtypes); padded rows are dropped.
+    align = 8 * (4 // jnp.dtype(rows_q.dtype).itemsize)
+    rows_p = -(-rows // align) * align
+    rows_q = _pad_rows(rows_q, rows_p)
+    steps = _tpu_blocks_per_step(d, static.block_sizes.block_kv, pool_k.dtype)
+    kernel = functools.partial(
+        _pbsa_tpu_kernel,
+        scale=static.scale,
+        block_size=d.block_size,
+        steps=steps,
+        max_sel=d.max_sel,
+        num_slots=d.num_slots,
+        num_q_tiles=d.num_q_tiles,
+        q_split=static.q_split,
+    )
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=3,
+        grid=(b, n_kv, n_prog),
+        in_specs=[
+            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i, *_: (b, h, i, 0, 0)),
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec(memory_space=pl.ANY),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i, *_: (b, h, i, 0, 0)),
+            pl.BlockSpec((None, None, None, rows_p, 1), lambda b, h, i, *_: (b, h, i, 0, 0)),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((2, steps * d.block_size, k), pool_k.dtype),
+            pltpu.VMEM((2, steps * d.block_size, k), pool_v.dtype),
+            pltpu.SemaphoreType.DMA((2, 2)),
+        ],
+    )
+    o, lse = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=[
+            jax.ShapeDtypeStruct((b, n_kv, n_prog, rows_p, k), rows_q.dtype),
+            jax.ShapeDtypeStruct((b, n_kv, n_prog, rows_p, 1), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel")
+        ),
+        # The TPU interpreter models DMAs and semaphores and fills fresh buffers with NaN, so
+        # a read of a block that was never copied would show up in the tests.
+        interpret=pltpu.InterpretParams() if static.interpret else False,
+        name="pbsa_tpu",
+    )(idx.reshape(-1), cnt.reshape(-1), lens.reshape(-1), rows_q, pool_k, pool_v)
+    return o, lse[..., 0]
+
+
+def _pbsa_tpu_kernel(
+    idx_ref,
+    cnt_ref,
+    len_ref,
+    q_ref,
+    k_hbm_ref,
+    v_hbm_ref,
+    o_ref,
+    lse_ref,
+    k_scratch_ref,
+    v_scratch_ref,
+    sem_scratch_ref,
+    *,
+    scale: float,
+    block_size: int,
+    steps: int,
+    max_sel: int,
+    num_slots: int,
+    num_q_tiles: int,
+    q_split: int,
+):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    n_kv = pl.num_programs(1)
+    # lax.div/rem (truncating, fine for these non-negative ints): Python's floor `//` and `%`
+    # lower through sign(), which Mosaic only lowers with a real TPU attached.
+    tile = (b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)
+    cnt = cnt_ref[tile]
+    list_base = tile * max_sel
+    len_base = (b * n_kv + h) * num_slots
+    num_steps = jax.lax.div(cnt + steps - 1, steps)
+
+    def entry(step, u):
+        # Past the count, repeat the last valid slot: in bounds, and masked out below.
+        return jnp.minimum(step * steps + u, cnt - 1)
+
+    def copies(step, buf):
+        out = []
+        for u in range(steps):
+            slot = idx_ref[list_base + entry(step, u)]
+            rows = pl.ds(u * block_size, block_size)
+            for src, dst, kind in ((k_hbm_ref, k_scratch_ref, 0), (v_hbm_ref, v_scratch_ref, 1)):
+                out.append(
+                    pltpu.make_async_copy(
+                        src.at[b, h, slot], dst.at[buf, rows], sem_scratch_ref.at[kind, buf]
+                    )
+                )
+        return out
+
+    @pl.when(cnt > 0)
+    def _prefetch_first():
+        for c in copies(0, 0):
+            c.start()
+
+    q = q_ref[...]
+    rows = q.shape[0]
+    width = steps * block_size
+    col = jax.lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+
+    def body(step, carry):
+        acc, m_prev, l_prev = carry
+        buf = jax.lax.rem(step, 2)
+
+        @pl.when(step + 1 < num_steps)
+        def _prefetch_next():
+            for c in copies(step + 1, 1 - buf):
+                c.start()
+
+        for c in copies(step, buf):
+            c.wait()
+        k = k_scratch_ref[buf]
+        v = v_scratch_ref[buf]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        s = s * scale
+        valid = None
+        for u in range(steps):
+            e = step * steps + u
+            slot = idx_ref[list_base + entry(step, u)]
+            lim = jnp.where(e < cnt, len_ref[len_base + slot], 0)
+            ok = (col >= u * block_size) & (col < u * block_size + lim)
+            valid = ok if valid is None else valid | ok
+        s = jnp.where(valid, s, -jnp.inf)
+        m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+        # Rows with nothing valid yet keep m = -inf; shift them by 0 so exp() gives 0, not NaN.
+        m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+        alpha = jnp.exp(m_prev - m_safe)
+        p = jnp.exp(s - m_safe)
+        l_next = alpha * l_prev + p.sum(axis=-1, keepdims=True)
+        pv = jax.lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        return alpha * acc + pv, m_next, l_next
+
+    init = (
+        jnp.zeros((rows, q.shape[1]), jnp.float32),
+        jnp.full((rows, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((rows, 1), jnp.float32),
+    )
+    acc, m, l = jax.lax.fori_loop(0, num_steps, body, init)
+    has = l > 0
+    l_safe = jnp.where(has, l, 1.0)
+    o_ref[...] = (acc / l_safe).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(has, m + jnp.log(l_safe), -jnp.inf)
+
+
+# ----------------------------------------------------------------------------- GPU (Triton)
+
+
+def _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+    d = static.dims
+    b, n_kv, n_prog, rows, k = rows_q.shape
+    rows_p = max(16, pl.next_power_of_2(rows))
+    rows_q = _pad_rows(rows_q, rows_p)
+    flat = d.num_slots * d.block_size
+    kernel = functools.partial(
+        _pbsa_triton_kernel,
+        scale=static.scale,
+        block_size=d.block_size,
+        max_sel=d.max_sel,
+        num_slots=d.num_slots,
+        num_q_tiles=d.num_q_tiles,
+        q_split=static.q_split,
+    )
+    bsz = static.block_sizes
+    o, lse = pl.pallas_call(
+        kernel,
+        grid=(b, n_kv, n_prog),
+        in_specs=[
+            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0)),
+            pl.BlockSpec((None, None, flat, k), lambda b, h, i: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, flat, k), lambda b, h, i: (b, h, 0, 0)),
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec(memory_space=pl.ANY),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0)),
+            pl.BlockSpec((None, None, None, rows_p), lambda b, h, i: (b, h, i, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((b, n_kv, n_prog, rows_p, k), rows_q.dtype),
+            jax.ShapeDtypeStruct((b, n_kv, n_prog, rows_p), jnp.float32),
+        ],
+        compiler_params=plgpu.CompilerParams(
+            num_warps=bsz.num_warps or (4 if k <= 64 else 8), num_stages=bsz.num_stages
+        ),
+        interpret=static.interpret,
+        name="pbsa_triton",
+    )(
+        rows_q,
+        pool_k.reshape(b, n_kv, flat, k),
+        pool_v.reshape(b, n_kv, flat, k),
+        idx.reshape(-1),
+        cnt.reshape(-1),
+        lens.reshape(-1),
+    )
+    return o, lse
+
+
+def _pbsa_triton_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    idx_ref,
+    cnt_ref,
+    len_ref,
+    o_ref,
+    lse_ref,
+    *,
+    scale: float,
+    block_size: int,
+    max_sel: int,
+    num_slots: int,
+    num_q_tiles: int,
+    q_split: int,
+):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    n_kv = pl.num_programs(1)
+    tile = (b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)
+    cnt = cnt_ref[tile]
+    list_base = tile * max_sel
+    len_base = (b * n_kv + h) * num_slots
+    q = q_ref[...]
+    rows = q.shape[0]
+    # exp2 is the native instruction: fold log2(e) into the scale, convert back for the LSE.
+    qk_scale = scale * math.log2(math.e)
+    tok = jnp.arange(block_size, dtype=jnp.int32)
+
+    def body(j, carry):
+        acc, m_prev, l_prev = carry
+        slot = idx_ref[list_base + j]
+        lim = len_ref[len_base + slot]
+        keys = pl.ds(slot * block_size, block_size)
+        k = k_ref[keys, :]
+        v = v_ref[keys, :]
+        s = plgpu.dot(q, k, trans_b=True) * qk_scale
+        s = jnp.where((tok < lim)[None, :], s, -jnp.inf)
+        m_next = jnp.maximum(m_prev, s.max(axis=-1))
+        m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+        alpha = jnp.exp2(m_prev - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])
+        l_next = alpha * l_prev + p.sum(axis=-1)
+        acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v)
+        return acc, m_next, l_next
+
+    init = (
+        jnp.zeros((rows, q.shape[1]), jnp.float32),
+        jnp.full((rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+    )
+    acc, m, l = jax.lax.fori_loop(0, cnt, body, init)
+    has = l > 0
+    l_safe = jnp.where(has, l, 1.0)
+    o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(has, (m + jnp.log2(l_safe)) * math.log(2.0), -jnp.inf)

@@ -1,0 +1,499 @@
+"""PBSA: reference == dense masked attention, kernels (interpreted) == reference, pool updates.
+
+Interpret mode compiles slowly, so shapes are fixed per case (one compile each, cached) and
+hypothesis varies the data (selections, counts, slot lengths), which does not recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vidax.kernels.pbsa import (
+    BlockSizes,
+    block_means,
+    canonicalize_selection,
+    gather_blocks,
+    pbsa,
+    pbsa_reference,
+    selection_mask,
+    update_pool,
+)
+from vidax.nn import attention
+
+F32_TOL = 1e-5
+BF16_TOL = 1e-3  # of the output scale, plus one bf16 ulp of each value (output rounding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    b: int = 1
+    n: int = 4
+    n_kv: int = 2
+    lq: int = 40  # ragged: 40 = 2 * 16 + 8
+    k: int = 32
+    num_slots: int = 6
+    block_size: int = 16
+    block_q: int = 16
+    max_sel: int = 4
+
+    @property
+    def num_q_tiles(self) -> int:
+        return -(-self.lq // self.block_q)
+
+
+GQA_RAGGED = Case()
+MHA_EVEN = Case(b=2, n=2, n_kv=2, lq=32, k=16, num_slots=5, max_sel=5)
+
+
+def make_inputs(case: Case, seed: int, dtype=jnp.float32, *, garbage: bool = True):
+    """Random q/pools and random lists: duplicates, empty tiles, partial slots, junk past cnt."""
+    rng = np.random.default_rng(seed)
+    c = case
+    q = rng.normal(size=(c.b, c.n, c.lq, c.k))
+    pk = rng.normal(size=(c.b, c.n_kv, c.num_slots, c.block_size, c.k))
+    pv = rng.normal(size=(c.b, c.n_kv, c.num_slots, c.block_size, c.k))
+    idx = rng.integers(0, c.num_slots, size=(c.b, c.n_kv, c.num_q_tiles, c.max_sel))
+    cnt = rng.integers(0, c.max_sel + 1, size=(c.b, c.n_kv, c.num_q_tiles))
+    if garbage:  # entries past the count are ignored, whatever they hold
+        junk = rng.choice([-7, c.num_slots, 10**6], size=idx.shape)
+        idx = np.where(np.arange(c.max_sel) < cnt[..., None], idx, junk)
+    lens = rng.integers(0, c.block_size + 1, size=(c.b, c.n_kv, c.num_slots))
+    lens[..., 0] = c.block_size  # keep a full slot around
+    return (
+        jnp.asarray(q, dtype),
+        jnp.asarray(pk, dtype),
+        jnp.asarray(pv, dtype),
+        jnp.asarray(idx, jnp.int32),
+        jnp.asarray(cnt, jnp.int32),
+        jnp.asarray(lens, jnp.int32),
+    )
+
+
+def dense_oracle(q, pk, pv, idx, cnt, lens, *, block_q: int, impl: str = "reference"):
+    """Dense masked attention over the flattened pool via `vidax.nn.attention`, plus the LSE."""
+    b, n, lq, k = q.shape
+    _, n_kv, num_slots, block_size, _ = pk.shape
+    g = n // n_kv
+    mask = selection_mask(
+        idx,
+        cnt,
+        num_slots=num_slots,
+        block_size=block_size,
+        lq=lq,
+        block_q=block_q,
+        slot_len=lens,
+    )
+    mask = jnp.repeat(mask, g, axis=1)  # (b, n, l, s)
+
+    def tokens(pool):
+        return jnp.repeat(pool.reshape(b, n_kv, -1, k), g, axis=1).transpose(0, 2, 1, 3)
+
+    kd, vd = tokens(pk), tokens(pv)
+    out = attention(q.transpose(0, 2, 1, 3), kd, vd, mask=mask, impl=impl).transpose(0, 2, 1, 3)
+    has = mask.any(-1)
+    out = jnp.where(has[..., None], out, jnp.zeros((), out.dtype))
+    logits = jnp.einsum("bnlk,bsnk->bnls", q.astype(jnp.float32), kd.astype(jnp.float32)) * (
+        k**-0.5
+    )
+    lse = jax.nn.logsumexp(jnp.where(mask, logits, -jnp.inf), axis=-1)
+    return out, lse
+
+
+def kernel_fn(case: Case, backend: str, block_sizes: BlockSizes | None = None):
+    """One jitted (interpreted) kernel per case/backend: hypothesis examples reuse the compile."""
+    return _kernel_fn(case.block_q, backend, block_sizes)
+
+
+@functools.cache
+def _kernel_fn(block_q: int, backend: str, block_sizes: BlockSizes | None):
+    return jax.jit(
+        functools.partial(
+            pbsa,
+            block_q=block_q,
+            return_lse=True,
+            backend=backend,
+            interpret=True,
+            block_sizes=block_sizes,
+        )
+    )
+
+
+@functools.cache
+def reference_fn(block_q: int):
+    return jax.jit(functools.partial(pbsa_reference, block_q=block_q, return_lse=True))
+
+
+@functools.cache
+def dense_fn(block_q: int, impl: str = "reference"):
+    return jax.jit(functools.partial(dense_oracle, block_q=block_q, impl=impl))
+
+
+def assert_lse_close(lse, want, tol):
+    fin = np.isfinite(np.asarray(want))
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+    np.testing.assert_allclose(np.asarray(lse)[fin], np.asarray(want)[fin], atol=tol, rtol=tol)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("case", [GQA_RAGGED, MHA_EVEN], ids=["gqa_ragged", "mha_even"])
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_reference_matches_dense_mask(case, impl, seed):
+    q, pk, pv, idx, cnt, lens = make_inputs(case, seed)
+    out, lse = reference_fn(case.block_q)(q, pk, pv, idx, cnt, slot_len=lens)
+    want, want_lse = dense_fn(case.block_q, impl)(q, pk, pv, idx, cnt, lens)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == q.shape[:3] and lse.dtype == jnp.float32
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+    assert_lse_close(lse, want_lse, 1e-5)
+
+
+def test_reference_infers_block_q_and_defaults():
+    case = MHA_EVEN
+    q, pk, pv, idx, cnt, _ = make_inputs(case, 0)
+    out = pbsa_reference(q, pk, pv, idx, cnt)  # block_q = 32 // 2, every slot full
+    want, _ = dense_oracle(q, pk, pv, idx, cnt, None, block_q=case.block_q)
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lists=st.lists(st.lists(st.integers(-2, 9), min_size=5, max_size=5), min_size=3, max_size=3),
+    counts=st.lists(st.integers(0, 5), min_size=3, max_size=3),
+)
+def test_canonicalize_is_the_sorted_set_of_valid_entries(lists, counts):
+    num_slots = 7
+    idx = jnp.asarray(lists, jnp.int32)[None, None]
+    cnt = jnp.asarray(counts, jnp.int32)[None, None]
+    got_idx, got_cnt = canonicalize_selection(idx, cnt, num_slots)
+    for row, c, gi, gc in zip(lists, counts, got_idx[0, 0], got_cnt[0, 0], strict=True):
+        want = sorted({s for s in row[:c] if 0 <= s < num_slots})
+        assert int(gc) == len(want)
+        assert np.asarray(gi[: len(want)]).tolist() == want
+        # Padding repeats the last valid slot (0 when empty): always a readable slot.
+        assert set(np.asarray(gi[len(want) :]).tolist()) <= {want[-1] if want else 0}
+
+
+# ----------------------------------------------------------------------------- kernels
+
+BACKENDS = ["tpu", "triton"]
+KERNEL_CASES = [
+    (GQA_RAGGED, None),
+    (MHA_EVEN, BlockSizes(block_q=8, block_kv=32)),  # 2 programs per tile, 2 blocks per step
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split"])
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_kernel_matches_reference_f32(case, block_sizes, backend, seed):
+    q, pk, pv, idx, cnt, lens = make_inputs(case, seed)
+    out, lse = kernel_fn(case, backend, block_sizes)(q, pk, pv, idx, cnt, slot_len=lens)
+    want, want_lse = reference_fn(case.block_q)(q, pk, pv, idx, cnt, slot_len=lens)
+    assert out.shape == want.shape and out.dtype == want.dtype
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+    assert_lse_close(lse, want_lse, F32_TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_matches_reference_bf16(backend):
+    case = GQA_RAGGED
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 1, jnp.bfloat16)
+    out, lse = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=lens)
+    assert out.dtype == jnp.bfloat16
+    # The spec on the same (bf16-valued) inputs in float32.
+    f32 = [x.astype(jnp.float32) for x in (q, pk, pv)]
+    want, want_lse = reference_fn(case.block_q)(*f32, idx, cnt, slot_len=lens)
+    got, want = np.asarray(out, np.float32), np.asarray(want)
+    scale = np.abs(want).max()
+    bound = BF16_TOL * scale + np.abs(want) * 2.0**-8
+    assert (np.abs(got - want) <= bound).all(), np.abs(got - want).max() / scale
+    assert_lse_close(lse, want_lse, 1e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_empty_selection_is_zero(backend):
+    case = GQA_RAGGED
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 2)
+    # Tile 0 has no entries; tile 1 selects only slots with no valid token; tile 2 is normal.
+    lens = lens.at[:, :, 1:3].set(0)
+    cnt = cnt.at[:, :, 0].set(0).at[:, :, 1].set(2).at[:, :, 2].set(2)
+    idx = idx.at[:, :, 1, :2].set(jnp.asarray([1, 2], jnp.int32))
+    idx = idx.at[:, :, 2, :2].set(jnp.asarray([0, 3], jnp.int32))
+    out, lse = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=lens)
+    out, lse = np.asarray(out), np.asarray(lse)
+    assert np.isfinite(out).all() and not np.isnan(lse).any()
+    empty = slice(0, 2 * case.block_q)
+    assert (out[:, :, empty] == 0).all()
+    assert (lse[:, :, empty] == -np.inf).all()
+    assert np.isfinite(lse[:, :, 2 * case.block_q :]).all()
+    assert np.abs(out[:, :, 2 * case.block_q :]).max() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_duplicates_count_once(backend):
+    case = GQA_RAGGED
+    q, pk, pv, _, _, lens = make_inputs(case, 3)
+    shape = (case.b, case.n_kv, case.num_q_tiles, case.max_sel)
+    unique = jnp.broadcast_to(jnp.asarray([4, 1, 0, 0], jnp.int32), shape)
+    dup = jnp.broadcast_to(jnp.asarray([1, 4, 1, 4], jnp.int32), shape)
+    two = jnp.full(shape[:3], 2, jnp.int32)
+    four = jnp.full(shape[:3], 4, jnp.int32)
+    f = kernel_fn(case, backend)
+    out_dup, _ = f(q, pk, pv, dup, four, slot_len=lens)
+    out_unique, _ = f(q, pk, pv, unique, two, slot_len=lens)
+    want, _ = dense_fn(case.block_q)(q, pk, pv, unique, two, lens)
+    np.testing.assert_allclose(out_dup, out_unique, atol=F32_TOL, rtol=F32_TOL)
+    np.testing.assert_allclose(out_dup, want, atol=F32_TOL, rtol=F32_TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_all_blocks_is_dense_attention(backend):
+    case = dataclasses.replace(MHA_EVEN, max_sel=MHA_EVEN.num_slots)
+    q, pk, pv, _, _, _ = make_inputs(case, 4)
+    shape = (case.b, case.n_kv, case.num_q_tiles, case.max_sel)
+    idx = jnp.broadcast_to(jnp.arange(case.num_slots, dtype=jnp.int32)[::-1], shape)
+    cnt = jnp.full(shape[:3], case.num_slots, jnp.int32)
+    out, _ = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=None)
+    b, n_kv, _, _, k = pk.shape
+    kd = pk.reshape(b, n_kv, -1, k).transpose(0, 2, 1, 3)
+    vd = pv.reshape(b, n_kv, -1, k).transpose(0, 2, 1, 3)
+    want = attention(q.transpose(0, 2, 1, 3), kd, vd, impl="xla").transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "triton", "reference"])
+def test_kernel_gradients_match_dense_oracle(backend):
+    case = GQA_RAGGED
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 5)
+    rng = np.random.default_rng(6)
+    w_out = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    w_lse = jnp.asarray(rng.normal(size=q.shape[:3]), jnp.float32)
+
+    def loss(fn):
+        def f(q, pk, pv):
+            out, lse = fn(q, pk, pv)
+            return (out * w_out).sum() + jnp.where(jnp.isfinite(lse), lse * w_lse, 0.0).sum()
+
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, pk, pv)
+
+    kernel = kernel_fn(case, backend)
+    got = loss(lambda q, pk, pv: kernel(q, pk, pv, idx, cnt, slot_len=lens))
+    spec = loss(lambda q, pk, pv: reference_fn(case.block_q)(q, pk, pv, idx, cnt, slot_len=lens))
+    dense = loss(lambda q, pk, pv: dense_fn(case.block_q)(q, pk, pv, idx, cnt, lens))
+    for g, s, d in zip(got, spec, dense, strict=True):
+        assert np.isfinite(np.asarray(g)).all()
+        assert np.abs(np.asarray(g)).max() > 0
+        np.testing.assert_allclose(g, s, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(g, d, atol=1e-4, rtol=1e-4)
+
+
+def test_auto_backend_on_cpu_is_reference():
+    case = MHA_EVEN
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 7)
+    out = pbsa(q, pk, pv, idx, cnt, slot_len=lens)  # CPU, not interpreted: XLA reference
+    want = pbsa_reference(q, pk, pv, idx, cnt, slot_len=lens)
+    np.testing.assert_array_equal(out, want)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _valid(case=MHA_EVEN):
+    return make_inputs(case, 8, garbage=False)
+
+
+@pytest.mark.parametrize("fn", [pbsa_reference, pbsa], ids=["reference", "kernel"])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda a: {**a, "pool_v": a["pool_v"][:, :, :-1]}, "pool_k and pool_v"),
+        (lambda a: {**a, "q": a["q"][..., :-1]}, "batch or head dim"),
+        (lambda a: {**a, "q": a["q"][:, :1]}, "multiple of KV heads"),
+        (lambda a: {**a, "block_idx": a["block_idx"][:1]}, "block_idx must be"),
+        (lambda a: {**a, "block_cnt": a["block_cnt"][..., :1]}, "block_cnt must be"),
+        (lambda a: {**a, "block_cnt": a["block_cnt"] + 10}, "block_cnt values"),
+        (lambda a: {**a, "block_cnt": a["block_cnt"] - 10}, "block_cnt values"),
+        (lambda a: {**a, "block_idx": a["block_idx"].astype(jnp.float32)}, "integer"),
+        (lambda a: {**a, "block_idx": a["block_idx"].at[..., 0].set(99)}, "outside"),
+        (lambda a: {**a, "block_q": 8}, "num_q_tiles"),
+        (lambda a: {**a, "slot_len": a["slot_len"] + 100}, "slot_len values"),
+        (lambda a: {**a, "slot_len": a["slot_len"][..., :2]}, "slot_len must be"),
+    ],
+)
+def test_bad_inputs_raise(fn, mutate, match):
+    q, pk, pv, idx, cnt, lens = _valid()
+    cnt = jnp.maximum(cnt, 1)  # so that the out-of-range index is a valid entry
+    args = dict(q=q, pool_k=pk, pool_v=pv, block_idx=idx, block_cnt=cnt, slot_len=lens)
+    args = mutate({**args, "block_q": MHA_EVEN.block_q})
+    with pytest.raises(ValueError, match=match):
+        fn(**args)
+
+
+def test_kernel_specific_bad_inputs_raise():
+    q, pk, pv, idx, cnt, _ = _valid()
+    with pytest.raises(ValueError, match="backend"):
+        pbsa(q, pk, pv, idx, cnt, backend="cuda-magic")
+    with pytest.raises(ValueError, match="divide"):
+        pbsa(q, pk, pv, idx, cnt, block_sizes=BlockSizes(block_q=5), interpret=True)
+    with pytest.raises(ValueError, match="share a dtype"):
+        pbsa(q.astype(jnp.bfloat16), pk, pv, idx, cnt, interpret=True)
+    with pytest.raises(ValueError, match="power of two"):
+        odd = jnp.zeros(pk.shape[:3] + (12, pk.shape[-1]), pk.dtype)
+        pbsa(q, odd, odd, idx, cnt, backend="triton", interpret=True)
+    with pytest.raises(ValueError, match="positive"):
+        BlockSizes(block_kv=0)
+
+
+# ----------------------------------------------------------------------------- pool
+
+
+def test_update_pool_writes_slots_in_place():
+    case = MHA_EVEN
+    _, pk, pv, _, _, lens = make_inputs(case, 9)
+    rng = np.random.default_rng(10)
+    m = 2
+    new_shape = (case.b, case.n_kv, m, case.block_size, case.k)
+    new_k = jnp.asarray(rng.normal(size=new_shape), jnp.float32)
+    new_v = jnp.asarray(rng.normal(size=new_shape), jnp.float32)
+    slots = jnp.asarray([[3, 0], [1, 4]], jnp.int32)  # per batch element
+    want_k, want_v, want_len = (np.array(x) for x in (pk, pv, lens))
+    for bi in range(case.b):
+        for j in range(m):
+            want_k[bi, :, int(slots[bi, j])] = new_k[bi, :, j]
+            want_v[bi, :, int(slots[bi, j])] = new_v[bi, :, j]
+            want_len[bi, :, int(slots[bi, j])] = 5
+    step = jax.jit(update_pool, donate_argnums=(0, 1))
+    got_k, got_v, got_len = step(pk, pv, new_k, new_v, slots, slot_len=lens, new_len=5)
+    assert pk.is_deleted() and pv.is_deleted()  # donated: the pool was reused in place
+    np.testing.assert_array_equal(got_k, want_k)
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_array_equal(got_len, want_len)
+
+
+def test_update_pool_shared_slots_then_attend():
+    case = MHA_EVEN
+    q, pk, pv, _, _, _ = make_inputs(case, 11)
+    new = jnp.ones((case.b, case.n_kv, 1, case.block_size, case.k), jnp.float32)
+    pk2, pv2 = update_pool(pk, pv, new, 3.0 * new, jnp.asarray([2], jnp.int32))
+    np.testing.assert_array_equal(pv2[:, :, 2], 3.0)
+    np.testing.assert_array_equal(pk2[:, :, 1], pk[:, :, 1])
+    # Attending to the new slot alone returns its (constant) values exactly.
+    shape = (case.b, case.n_kv, case.num_q_tiles, case.max_sel)
+    out = pbsa_reference(q, pk2, pv2, jnp.full(shape, 2, jnp.int32), jnp.ones(shape[:3], jnp.int32))
+    np.testing.assert_allclose(out, 3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "slots, match",
+    [([0, 0], "distinct"), ([0, 9], "num_slots"), ([[0, 1]], "b="), ([0.0, 1.0], "integer")],
+)
+def test_update_pool_bad_slots_raise(slots, match):
+    case = MHA_EVEN
+    _, pk, pv, _, _, _ = _valid()
+    new = jnp.zeros((case.b, case.n_kv, 2, case.block_size, case.k), jnp.float32)
+    with pytest.raises(ValueError, match=match):
+        update_pool(pk, pv, new, new, jnp.asarray(slots))
+    with pytest.raises(ValueError, match="do not fit"):
+        update_pool(pk, pv, new[..., :-1], new[..., :-1], jnp.asarray([0, 1]))
+
+
+def test_gather_blocks_and_block_means():
+    case = MHA_EVEN
+    _, pk, _, _, _, lens = make_inputs(case, 12)
+    per_head = jnp.asarray([[[4, 0], [2, 2]], [[1, 3], [0, 4]]], jnp.int32)  # (b, n_kv, m)
+    got = gather_blocks(pk, per_head)
+    for bi, h, j in np.ndindex(per_head.shape):
+        np.testing.assert_array_equal(got[bi, h, j], pk[bi, h, int(per_head[bi, h, j])])
+    with pytest.raises(ValueError, match="num_slots"):
+        gather_blocks(pk, jnp.asarray([0, case.num_slots]))
+
+    means = block_means(pk, slot_len=lens)
+    assert means.shape == pk.shape[:3] + pk.shape[-1:] and means.dtype == jnp.float32
+    for bi, h, s in np.ndindex(lens.shape):
+        n_valid = int(lens[bi, h, s])
+        want = np.asarray(pk[bi, h, s, :n_valid]).mean(0) if n_valid else np.zeros(case.k)
+        np.testing.assert_allclose(means[bi, h, s], want, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(block_means(pk), pk.mean(-2), atol=1e-6, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- compile checks
+
+
+SF_SHAPES = dict(b=1, n=12, n_kv=12, lq=4680, k=128, num_slots=300, block_size=64, max_sel=200)
+
+
+def _abstract_args(dtype, sharding=None, **s):
+    nq = -(-s["lq"] // 128)
+
+    def sd(shape, dt):
+        return jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+
+    pool = (s["b"], s["n_kv"], s["num_slots"], s["block_size"], s["k"])
+    return (
+        sd((s["b"], s["n"], s["lq"], s["k"]), dtype),
+        sd(pool, dtype),
+        sd(pool, dtype),
+        sd((s["b"], s["n_kv"], nq, s["max_sel"]), jnp.int32),
+        sd((s["b"], s["n_kv"], nq), jnp.int32),
+        sd((s["b"], s["n_kv"], s["num_slots"]), jnp.int32),
+    )
+
+
+def _sparse_forcing_call(backend):
+    def f(q, pk, pv, idx, cnt, lens):
+        return pbsa(
+            q, pk, pv, idx, cnt, block_q=128, slot_len=lens, return_lse=True, backend=backend
+        )
+
+    return f
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
+def test_tpu_kernel_compiles_for_v5e():
+    """Mosaic lowers and compiles the kernel at Sparse Forcing scale (bf16, GQA) for a v5e."""
+    # Other processes on a shared host may hold libtpu's lock; compile-only use is safe to share.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    topo = topologies.get_topology_desc("v5e:1x1", "tpu")
+    mesh = Mesh(np.asarray(topo.devices).reshape(1), ("data",))
+    shapes = {**SF_SHAPES, "n_kv": 4}
+    args = _abstract_args(jnp.bfloat16, NamedSharding(mesh, PartitionSpec()), **shapes)
+    compiled = jax.jit(_sparse_forcing_call("tpu")).lower(*args).compile()
+    text = compiled.as_text()
+    assert "pbsa_tpu" in text or "tpu_custom_call" in text
+    out_shape = jax.eval_shape(_sparse_forcing_call("tpu"), *args)
+    assert out_shape[0].shape == args[0].shape and out_shape[1].shape == args[0].shape[:3]
+
+
+def test_triton_kernel_lowers_for_cuda():
+    """The Triton kernel (forward, and under grad) lowers for CUDA from a CPU-only host."""
+    args = _abstract_args(jnp.bfloat16, **SF_SHAPES)
+    f = _sparse_forcing_call("triton")
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+    def loss(q, pk, pv, idx, cnt, lens):
+        return f(q, pk, pv, idx, cnt, lens)[0].astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = grad.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text
