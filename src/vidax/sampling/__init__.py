@@ -1,0 +1,40 @@
+"""Flow-matching solvers and the jitted denoising loop.
+
+- `FlowEuler`, `UniPC`: pure-functional solvers (diffusers parity) with `sigmas`, `timesteps`,
+  `init(x)` and `step(state, i, x, v)`; `make_solver(name, num_steps, shift)` builds one by name.
+- `sample` / `sample_steps`: the `lax.fori_loop` over solver steps.
+- `classifier_free_guidance`: one batched forward for the guided velocity.
+- `shift_sigmas`, `predict_x0`, `renoise`: rectified-flow algebra.
+"""
+
+from vidax.sampling.loop import (
+    classifier_free_guidance,
+    predict_x0,
+    renoise,
+    sample,
+    sample_steps,
+)
+from vidax.sampling.schedulers import (
+    SOLVERS,
+    FlowEuler,
+    Solver,
+    UniPC,
+    UniPCState,
+    make_solver,
+    shift_sigmas,
+)
+
+__all__ = [
+    "SOLVERS",
+    "FlowEuler",
+    "Solver",
+    "UniPC",
+    "UniPCState",
+    "classifier_free_guidance",
+    "make_solver",
+    "predict_x0",
+    "renoise",
+    "sample",
+    "sample_steps",
+    "shift_sigmas",
+]

@@ -1,0 +1,159 @@
+"""The denoising loop, classifier-free guidance and rectified-flow algebra.
+
+    solver = make_solver("unipc", 50, shift=5.0)
+    velocity = classifier_free_guidance(model_fn, context, negative_context, 5.0)
+    x0 = jax.jit(lambda x: sample(velocity, x, solver))(noise)
+
+`sample` is one `lax.fori_loop` over the steps, so under `jax.jit` the whole trajectory is a single
+compiled program (the step index is traced; the solver's tables are constants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vidax.sampling.schedulers import Solver
+
+VelocityFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def predict_x0(x: jax.Array, sigma, v: jax.Array) -> jax.Array:
+    """The clean sample implied by a velocity: x₀ = x − σ·v (since x = (1−σ)x₀ + σε, v = ε − x₀).
+
+    Args:
+      x: (b, t, h, w, c) latent at noise level sigma.
+      sigma: scalar or an array broadcastable to x (e.g. (b, 1, 1, 1, 1)).
+      v: velocity, x's shape.
+    """
+    return x - jnp.asarray(sigma, x.dtype) * v.astype(x.dtype)
+
+
+def renoise(x0: jax.Array, noise: jax.Array, sigma) -> jax.Array:
+    """Puts a clean sample back on the flow at noise level sigma: (1−σ)·x₀ + σ·ε.
+
+    Args:
+      x0: (b, t, h, w, c) clean latent.
+      noise: ε, x0's shape.
+      sigma: scalar or an array broadcastable to x0.
+    """
+    sigma = jnp.asarray(sigma, x0.dtype)
+    return (1 - sigma) * x0 + sigma * noise.astype(x0.dtype)
+
+
+def sample_steps(
+    velocity_fn: VelocityFn,
+    x: jax.Array,
+    solver: Solver,
+    state: Any,
+    *,
+    start: int,
+    stop: int,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[jax.Array, Any]:
+    """Runs solver steps [start, stop) from a given solver state; returns (x, state).
+
+    Carrying the returned state into the next segment continues one trajectory exactly (also
+    for multistep solvers); `solver.init(x)` instead restarts the solver's history at `start`.
+
+    Args:
+      velocity_fn: v = velocity_fn(x, t) with t the scalar float32 `solver.timesteps[i]`.
+      x: (b, t, h, w, c) latent at `solver.sigmas[start]`.
+      solver: a `vidax.sampling` solver.
+      state: the solver state at `start`.
+      start / stop: step range, 0 <= start <= stop <= N (Python ints).
+      on_step: host callback `on_step(i)` after each step, through `jax.debug.callback`.
+    """
+    n = solver.num_steps
+    if not (0 <= start <= stop <= n):
+        raise ValueError(f"need 0 <= start <= stop <= num_steps={n}, got start={start} stop={stop}")
+    timesteps = jnp.asarray(solver.timesteps)
+
+    def body(i, carry):
+        x, state = carry
+        v = velocity_fn(x, timesteps[i])
+        if v.shape != x.shape:
+            raise ValueError(f"velocity_fn returned shape {v.shape} for a latent of {x.shape}")
+        x, state = solver.step(state, i, x, v)
+        if on_step is not None:
+            jax.debug.callback(lambda i: on_step(int(i)), i)
+        return x, state
+
+    return jax.lax.fori_loop(start, stop, body, (x, state))
+
+
+def sample(
+    velocity_fn: VelocityFn,
+    x: jax.Array,
+    solver: Solver,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> jax.Array:
+    """Integrates the flow ODE over steps [start, stop) with a fresh solver state.
+
+    Call it inside `jax.jit` to compile the whole loop once. Starting at start > 0 restarts a
+    multistep solver's history (first order again); to continue a trajectory across segments,
+    use `sample_steps` and carry its state.
+
+    Args:
+      velocity_fn: v = velocity_fn(x, t), t the scalar float32 timestep `solver.timesteps[i]`,
+        v of x's shape (flow prediction ε − x₀).
+      x: (b, t, h, w, c) latent at `solver.sigmas[start]` (pure noise for start = 0).
+      solver: a `vidax.sampling` solver (`make_solver`, `FlowEuler`, `UniPC`).
+      start / stop: step range (default: the whole schedule).
+      on_step: host callback `on_step(i)` after each step (progress bars).
+
+    Returns:
+      x at `solver.sigmas[stop]`, x's shape and dtype.
+    """
+    stop = solver.num_steps if stop is None else stop
+    x, _ = sample_steps(
+        velocity_fn, x, solver, solver.init(x), start=start, stop=stop, on_step=on_step
+    )
+    return x
+
+
+def classifier_free_guidance(
+    model_fn: Callable[[jax.Array, jax.Array, Any], jax.Array],
+    context: Any,
+    negative_context: Any | None,
+    scale: float | jax.Array,
+) -> VelocityFn:
+    """A velocity_fn that guides `model_fn` with one batched forward per step.
+
+    v = v_u + scale·(v_c − v_u), where [v_c; v_u] = model_fn([x; x], t, [context; negative]).
+    Without a negative context, or with scale == 1 (a Python number), a single unguided forward.
+
+    Args:
+      model_fn: model_fn(x (b', ...), t (b',) float32, context) -> v (b', ...).
+      context: conditioning pytree, leaves batched along axis 0 like x.
+      negative_context: the unconditional branch, same structure and shapes (or None).
+      scale: guidance scale g (may be traced; then guidance always runs).
+    """
+
+    def timesteps(x, t):
+        return jnp.broadcast_to(jnp.asarray(t, jnp.float32), (x.shape[0],))
+
+    if negative_context is None or (isinstance(scale, (int, float)) and scale == 1):
+        return lambda x, t: model_fn(x, timesteps(x, t), context)
+
+    if jax.tree.structure(context) != jax.tree.structure(negative_context):
+        raise ValueError(
+            "context and negative_context must have the same structure, got "
+            f"{jax.tree.structure(context)} and {jax.tree.structure(negative_context)}"
+        )
+    both = jax.tree.map(lambda c, n: jnp.concatenate([c, n], axis=0), context, negative_context)
+
+    def velocity(x, t):
+        b = x.shape[0]
+        xx = jnp.concatenate([x, x], axis=0)
+        out = model_fn(xx, timesteps(xx, t), both)
+        cond, uncond = out[:b], out[b:]
+        return uncond + jnp.asarray(scale, out.dtype) * (cond - uncond)
+
+    return velocity
