@@ -31,9 +31,10 @@ read and cost nothing.
   wrapper pads the rows; `block_size` and `k` must be powers of two of at least 16.
 - `backend="reference"`: the gather-then-attend XLA path of `pbsa_reference`.
 
-Gradients: `pbsa` is a `jax.custom_vjp` whose backward pass is the VJP of the reference (it
-recomputes the attention over the gathered blocks), so training through the sparse attention
-works; it costs the reference's memory in the backward pass.
+Gradients: `pbsa` is a `jax.custom_vjp`. The backward pass (`backward.pbsa_backward`) is XLA,
+not Pallas: a scan over query tiles recomputes each tile's probabilities from the saved
+log-sum-exp and scatter-adds its key/value gradients into the pool gradients, so it holds one
+tile's gathered blocks at a time instead of the reference's whole gather.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
+from vidax.kernels.pbsa.backward import pbsa_backward
 from vidax.kernels.pbsa.index import (
     PbsaDims,
     canonicalize_selection,
@@ -206,18 +208,16 @@ def _pbsa(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
 
 
 def _pbsa_fwd(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
-    out = _forward(q, pool_k, pool_v, idx, cnt, lens, static)
-    return out, (q, pool_k, pool_v, idx, cnt, lens)
+    out, lse = _forward(q, pool_k, pool_v, idx, cnt, lens, static)
+    return (out, lse), (q, pool_k, pool_v, idx, cnt, lens, out, lse)
 
 
 def _pbsa_bwd(static: _Static, res, cotangents):
-    q, pool_k, pool_v, idx, cnt, lens = res
-
-    def ref(q, pool_k, pool_v):
-        return _attend(q, pool_k, pool_v, idx, cnt, lens, static.dims, static.scale)
-
-    _, vjp = jax.vjp(ref, q, pool_k, pool_v)
-    dq, dk, dv = vjp(cotangents)
+    q, pool_k, pool_v, idx, cnt, lens, out, lse = res
+    d_out, d_lse = cotangents
+    dq, dk, dv = pbsa_backward(
+        q, pool_k, pool_v, idx, cnt, lens, out, lse, d_out, d_lse, static.dims, static.scale
+    )
     return dq, dk, dv, None, None, None
 
 
@@ -424,9 +424,9 @@ def _pbsa_tpu_kernel(
         jnp.full((rows, 1), -jnp.inf, jnp.float32),
         jnp.zeros((rows, 1), jnp.float32),
     )
-    acc, m, l = jax.lax.fori_loop(0, num_steps, body, init)
-    has = l > 0
-    l_safe = jnp.where(has, l, 1.0)
+    acc, m, denom = jax.lax.fori_loop(0, num_steps, body, init)
+    has = denom > 0
+    l_safe = jnp.where(has, denom, 1.0)
     o_ref[...] = (acc / l_safe).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(has, m + jnp.log(l_safe), -jnp.inf)
 
@@ -536,8 +536,8 @@ def _pbsa_triton_kernel(
         jnp.full((rows,), -jnp.inf, jnp.float32),
         jnp.zeros((rows,), jnp.float32),
     )
-    acc, m, l = jax.lax.fori_loop(0, cnt, body, init)
-    has = l > 0
-    l_safe = jnp.where(has, l, 1.0)
+    acc, m, denom = jax.lax.fori_loop(0, cnt, body, init)
+    has = denom > 0
+    l_safe = jnp.where(has, denom, 1.0)
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(has, (m + jnp.log2(l_safe)) * math.log(2.0), -jnp.inf)

@@ -38,7 +38,7 @@ def update_pool(
     pool_v: Float[Array, "b n_kv slots bs k"],
     new_k: Float[Array, "b n_kv m bs k"],
     new_v: Float[Array, "b n_kv m bs k"],
-    slots: Int[Array, "m"] | Int[Array, "b m"] | Int[Array, "b n_kv m"],
+    slots: Int[Array, " m"] | Int[Array, "b m"] | Int[Array, "b n_kv m"],
     *,
     slot_len: Int[Array, "b n_kv slots"] | None = None,
     new_len: Int[Array, "b n_kv m"] | None = None,
@@ -110,7 +110,7 @@ def update_pool(
 
 def gather_blocks(
     pool: Float[Array, "b n_kv slots bs k"],
-    slots: Int[Array, "m"] | Int[Array, "b m"] | Int[Array, "b n_kv m"],
+    slots: Int[Array, " m"] | Int[Array, "b m"] | Int[Array, "b n_kv m"],
 ) -> Float[Array, "b n_kv m bs k"]:
     """The blocks at `slots` (shared `(m,)`, per batch `(b, m)` or per head `(b, n_kv, m)`).
 

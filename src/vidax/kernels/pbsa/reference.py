@@ -86,9 +86,9 @@ def _attend(q, pool_k, pool_v, idx, cnt, lens, d: PbsaDims, scale: float):
     # An empty row has m = -inf; shifting by 0 keeps exp() at exactly 0 instead of NaN.
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(logits - m_safe[..., None, None])
-    l = p.sum(axis=(-2, -1))
-    has = l > 0
-    l_safe = jnp.where(has, l, 1.0)  # double-where keeps gradients finite for empty rows
+    denom = p.sum(axis=(-2, -1))
+    has = denom > 0
+    l_safe = jnp.where(has, denom, 1.0)  # double-where keeps gradients finite for empty rows
     o = jnp.einsum("bhgqtsn,bhqsnk->bhgqtk", p, vb) / l_safe[..., None]
     lse = jnp.where(has, m_safe + jnp.log(l_safe), -jnp.inf)
 
