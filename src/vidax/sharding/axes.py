@@ -29,8 +29,9 @@ PARAM_AXES = frozenset(
 ACTIVATION_AXES = frozenset(
     {
         "batch",  # video batch (includes the CFG pair)
-        "tokens",  # video tokens t*h*w (sequence parallelism shards this)
-        "kv_tokens",  # keys/values inside attention (gathered for sequence parallelism)
+        "tokens",  # video tokens t*h*w in the residual stream (sequence parallelism shards this)
+        "attn_tokens",  # query tokens inside attention (Ulysses gathers them, splitting heads)
+        "kv_tokens",  # key/value tokens inside attention (gathered for sequence parallelism)
         "text_tokens",  # text context tokens
         "embed",  # activation width d
         "attn_heads",  # heads inside attention (Ulysses shards this instead of tokens)

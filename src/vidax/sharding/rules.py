@@ -63,18 +63,24 @@ STRATEGIES: dict[str, Strategy] = {
             params=(("embed", "fsdp"),),
             activations=(_BATCH,),
         ),
-        # fsdp + sequence parallelism: tokens split over `seq`, keys/values gathered.
+        # fsdp + sequence parallelism: queries stay split over `seq`, keys/values are gathered.
         Strategy(
             name="fsdp_sp",
             params=(("embed", "fsdp"),),
-            activations=(_BATCH, ("tokens", "seq"), ("kv_tokens", None)),
+            activations=(_BATCH, ("tokens", "seq"), ("attn_tokens", "seq"), ("kv_tokens", None)),
         ),
-        # Ulysses: tokens split over `seq` outside attention, heads split inside it
-        # (XLA inserts the all-to-alls at the resharding points).
+        # Ulysses: tokens split over `seq` outside attention; inside it all tokens and a slice of
+        # the heads (XLA inserts the all-to-alls at the resharding points).
         Strategy(
             name="ulysses",
             params=(("embed", "fsdp"),),
-            activations=(_BATCH, ("tokens", "seq"), ("attn_heads", ("seq", "tensor"))),
+            activations=(
+                _BATCH,
+                ("tokens", "seq"),
+                ("attn_tokens", None),
+                ("kv_tokens", None),
+                ("attn_heads", ("seq", "tensor")),
+            ),
         ),
         # Megatron tensor parallelism over heads/mlp plus sequence parallelism.
         Strategy(
@@ -83,6 +89,8 @@ STRATEGIES: dict[str, Strategy] = {
             activations=(
                 _BATCH,
                 ("tokens", "seq"),
+                ("attn_tokens", "seq"),
+                ("kv_tokens", None),
                 ("attn_heads", "tensor"),
                 ("mlp", "tensor"),
             ),

@@ -75,7 +75,7 @@ class WanAttention(nnx.Module):
         v = split(self.to_v(source))
         if angles is not None:
             q, k = apply_rope(q, angles), apply_rope(k, angles)
-        q = shard(q, ("batch", "tokens", "attn_heads", "head_dim"))
+        q = shard(q, ("batch", "attn_tokens", "attn_heads", "head_dim"))
         kv_axes = (
             "batch",
             "kv_tokens" if context is None else "text_tokens",
@@ -85,7 +85,11 @@ class WanAttention(nnx.Module):
         return q, shard(k, kv_axes), shard(v, kv_axes)
 
     def out(self, o: Float[Array, "b l n k"]) -> Float[Array, "b l d"]:
-        return self.to_out(rearrange(o, "b l n k -> b l (n k)"))
+        # Pin the layout on both sides of the head merge: under Ulysses this is where heads go
+        # back to tokens (an all-to-all) before the output projection.
+        o = shard(o, ("batch", "attn_tokens", "attn_heads", "head_dim"))
+        merged = shard(rearrange(o, "b l n k -> b l (n k)"), ("batch", "tokens", "attn_heads"))
+        return self.to_out(merged)
 
 
 class WanBlock(nnx.Module):
