@@ -73,7 +73,12 @@ def geometry(spec: ModelSpec) -> LatentGeometry:
     temporal, spatial = 4, 8
     if spec.vae is not None:
         vae_config = _vae_config(spec.vae)
-        temporal, spatial = vae_config.temporal_stride, vae_config.spatial_stride
+        temporal, spatial = vae_config.temporal_factor, vae_config.spatial_factor
+        if vae_config.z_dim != spec.config.in_channels:
+            raise ValueError(
+                f"model {spec.name!r}: VAE {spec.vae!r} has {vae_config.z_dim} latent channels "
+                f"but the transformer expects {spec.config.in_channels}"
+            )
     return LatentGeometry(
         temporal_stride=temporal,
         spatial_stride=spatial,
