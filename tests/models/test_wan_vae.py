@@ -1,0 +1,312 @@
+"""Wan 2.1 VAE: config validation, shapes, chunking invariances, bad input, checkpoints."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax.checkpoint import CheckpointError, export_state, save_file
+from vidax.models.wan_vae import (
+    PRESETS,
+    WanVAE,
+    WanVAEConfig,
+    from_diffusers_config,
+    key_map,
+    load,
+    save,
+)
+from vidax.models.wan_vae import model as wan_vae_model
+from vidax.sharding import PARAM_AXES
+
+TINY = PRESETS["tiny"]
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return WanVAE(TINY, rngs=nnx.Rngs(0))
+
+
+def _video(shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).uniform(-1, 1, shape), jnp.float32)
+
+
+def _latents(shape, seed=1):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"base_dim": 0}, "base_dim"),
+        ({"dim_mult": ()}, "dim_mult"),
+        ({"temperal_downsample": (True, True)}, "temperal_downsample has 2 entries"),
+        ({"dim_mult": (1, 2, 2, 2, 2), "temperal_downsample": (True,) * 4}, "at most 2"),
+        ({"attn_scales": (0.3,)}, "attn_scales entry 0.3"),
+        ({"latents_mean": (0.0,) * 15}, "latents_mean has 15 values"),
+        ({"latents_std": (1.0,) * 15 + (0.0,)}, "positive"),
+        ({"dtype": "int8"}, "dtype"),
+    ],
+)
+def test_config_rejects_inconsistent_fields(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WanVAEConfig(**kwargs)
+
+
+def test_config_derived_sizes():
+    wan = PRESETS["wan2.1"]
+    assert (wan.spatial_factor, wan.temporal_factor) == (8, 4)
+    assert wan.latent_frames(81) == 21 and wan.video_frames(21) == 81
+    assert wan.encoder_dims == (96, 96, 192, 384, 384)
+    assert wan.decoder_dims == (384, 384, 384, 192, 96)
+    small = WanVAEConfig(dim_mult=(1, 2, 2), temperal_downsample=(True, False))
+    assert (small.spatial_factor, small.temporal_factor) == (4, 2)
+    # Lists (as in a diffusers config.json) are stored as tuples, so configs stay hashable.
+    assert hash(WanVAEConfig(dim_mult=[1, 2], temperal_downsample=[False]))
+
+
+def test_from_diffusers_config():
+    cfg = from_diffusers_config(
+        {
+            "_class_name": "AutoencoderKLWan",
+            "base_dim": 8,
+            "z_dim": 4,
+            "dim_mult": [1, 2],
+            "temperal_downsample": [True],
+            "dropout": 0.0,
+            # diffusers' defaults, kept for any z_dim; they cannot describe a 4-channel latent.
+            "latents_mean": list(PRESETS["wan2.1"].latents_mean),
+            "latents_std": list(PRESETS["wan2.1"].latents_std),
+            "is_residual": False,
+            "patch_size": None,
+        }
+    )
+    assert cfg.dim_mult == (1, 2) and cfg.temperal_downsample == (True,)
+    assert cfg.latents_mean is None and cfg.latents_std is None
+    with pytest.raises(ValueError, match="is_residual"):
+        from_diffusers_config({"is_residual": True})
+    with pytest.raises(ValueError, match="patch_size"):
+        from_diffusers_config({"patch_size": 2})
+    with pytest.raises(ValueError, match="unknown"):
+        from_diffusers_config({"base_dimm": 8})
+    with pytest.raises(ValueError, match="latents_mean has 3 values"):
+        from_diffusers_config({"z_dim": 4, "latents_mean": [0.0, 1.0, 2.0]})
+
+
+def test_wan21_preset_size_and_key_map_coverage():
+    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS["wan2.1"], rngs=nnx.Rngs(0)))
+    params = nnx.state(abstract, nnx.Param)
+    flat = {
+        ".".join(str(getattr(k, "key", k)) for k in path): v
+        for path, v in jax.tree_util.tree_flatten_with_path(
+            params, is_leaf=lambda v: isinstance(v, nnx.Variable)
+        )[0]
+    }
+    # diffusers' AutoencoderKLWan() has 126,892,531 parameters.
+    assert sum(int(np.prod(v.get_value().shape)) for v in flat.values()) == 126_892_531
+    rules = key_map(PRESETS["wan2.1"])
+    assert sorted(r.target for r in rules) == sorted(flat)
+    assert len({r.source for r in rules}) == len(rules)
+    for v in flat.values():
+        axes = v.get_metadata().get("sharding") or v.get_metadata().get("out_sharding")
+        assert axes is not None and set(axes) <= PARAM_AXES, axes
+
+
+# ---------------------------------------------------------------- shapes and invariances
+
+
+# Shared shapes so the tests below reuse the compiled encode/decode: 2 videos of 9 frames at
+# 16x24 pixels <-> 3 latent frames at 2x3.
+VIDEO = (2, 9, 16, 24, 3)
+LATENTS = (2, 3, 2, 3, 4)
+
+
+def test_encode_decode_shapes_and_range(vae):
+    z = vae.encode(_video(VIDEO))
+    assert z.shape == LATENTS and z.dtype == jnp.float32
+    x = vae.decode(z)
+    assert x.shape == VIDEO
+    assert float(jnp.abs(x).max()) <= 1.0
+    assert bool(jnp.isfinite(x).all())
+
+
+def test_decode_chunked_equals_one_step_and_is_causal(vae):
+    z = _latents(LATENTS)
+    per_frame = vae.decode(z)  # one latent frame per scan step, as diffusers
+    one_step = vae.decode(z, latents_per_step=2)  # frame 0, then both remaining latents at once
+    assert float(jnp.mean(jnp.abs(per_frame) < 1)) > 0.5  # mostly unclamped, so comparable
+    np.testing.assert_allclose(per_frame, one_step, rtol=0, atol=1e-5)
+    # Causality: decoding the first 2 latent frames gives the first 5 frames of decoding 3.
+    prefix = vae.decode(z[:, :2])
+    np.testing.assert_allclose(prefix, per_frame[:, :5], rtol=0, atol=1e-6)
+    assert float(jnp.abs(per_frame[:, 5:] - per_frame[:, 4:5]).max()) > 1e-3  # not constant
+
+
+def test_encode_chunked_equals_one_step_and_is_causal(vae):
+    x = _video(VIDEO)
+    chunked = vae.encode(x)  # frame 0, then 4-frame chunks, as diffusers
+    one_step = vae.encode(x, frames_per_step=8)  # frame 0, then all 8 frames at once
+    scale = float(jnp.abs(chunked).max())
+    np.testing.assert_allclose(chunked, one_step, rtol=0, atol=1e-5 * scale)
+    # Causality: encoding the first 5 frames gives the first 2 latent frames of encoding 9.
+    prefix = vae.encode(x[:, :5])
+    np.testing.assert_allclose(prefix, chunked[:, :2], rtol=0, atol=1e-6 * scale)
+    # Both videos of the batch are encoded independently.
+    np.testing.assert_allclose(vae.encode(x[1:, :5]), prefix[1:], rtol=0, atol=1e-6 * scale)
+
+
+def test_normalisation_round_trip(vae):
+    z = _latents((1, 2, 2, 2, 4))
+    np.testing.assert_allclose(vae.normalize(vae.denormalize(z)), z, atol=1e-6)
+    raw = vae.denormalize(jnp.zeros((1, 1, 1, 1, 4)))
+    np.testing.assert_allclose(raw.reshape(-1), TINY.latents_mean, atol=1e-7)
+
+
+def test_scan_traces_one_chunk_body_for_any_length(vae, monkeypatch):
+    """The decoder body is traced twice (frame 0 and the scan step) whatever the length."""
+    calls = []
+    original = wan_vae_model.Decoder.__call__
+
+    def counting(self, x, cache):
+        calls.append(x.shape[1])
+        return original(self, x, cache)
+
+    monkeypatch.setattr(wan_vae_model.Decoder, "__call__", counting)
+    graphdef, state = nnx.split(vae)
+    for t in (3, 9):
+        calls.clear()
+        jax.make_jaxpr(lambda s, z: nnx.merge(graphdef, s).decode_raw(z))(
+            state, jnp.zeros((1, t, 2, 2, 4))
+        )
+        assert calls == [1, 1], (t, calls)
+
+
+@pytest.mark.slow
+def test_decode_memory_is_flat_in_frames(vae):
+    graphdef, state = nnx.split(vae)
+
+    def peak(t):
+        fn = jax.jit(lambda s, z: nnx.merge(graphdef, s).decode_raw(z))
+        mem = fn.lower(state, jnp.zeros((1, t, 8, 8, 4))).compile().memory_analysis()
+        return mem.temp_size_in_bytes, mem.output_size_in_bytes
+
+    temp_short, out_short = peak(3)
+    temp_long, out_long = peak(17)
+    assert out_long / out_short == pytest.approx(65 / 9, rel=1e-6)
+    # Only the output grows; the scan temporaries are one chunk's worth.
+    assert temp_long <= 1.1 * temp_short + 2 * out_long, (temp_short, temp_long, out_long)
+
+
+@pytest.mark.slow
+def test_bfloat16_decode_tracks_float32(vae):
+    bf16 = WanVAE(dataclasses.replace(TINY, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    z = _latents((1, 2, 2, 2, 4))
+    got, want = bf16.decode(z), vae.decode(z)
+    assert got.dtype == jnp.bfloat16
+    err = float(jnp.abs(got.astype(jnp.float32) - want).max())
+    assert err <= 0.05 * float(jnp.abs(want).max())
+
+
+@pytest.mark.slow
+def test_reconstruction_loss_has_finite_gradients():
+    vae = WanVAE(
+        dataclasses.replace(TINY, dim_mult=(1, 2), temperal_downsample=(True,)), rngs=nnx.Rngs(0)
+    )
+    x = _video((1, 5, 8, 8, 3))
+
+    @nnx.jit
+    def grads(vae, x):
+        def loss(vae):
+            mu, _ = vae.moments(x)
+            return jnp.mean(jnp.square(vae.decode_raw(mu) - x))
+
+        return nnx.grad(loss)(vae)
+
+    g = jax.tree.leaves(grads(vae, x))
+    assert all(bool(jnp.isfinite(v).all()) for v in g)
+    assert sum(float(jnp.abs(v).sum()) for v in g) > 0
+
+
+# ---------------------------------------------------------------- tiling
+
+
+def test_tiling_blends_to_the_untiled_result_for_a_local_map():
+    """With a pointwise map every tile is exact, so cross-fading must reproduce the whole."""
+    x = _latents((1, 2, 7, 9, 3))
+
+    def upsample(t):
+        return jnp.repeat(jnp.repeat(t * 2.0, 4, axis=2), 4, axis=3)
+
+    # One jit around the whole tiling: eager, every slice shape would compile on its own.
+    tiled = jax.jit(
+        lambda x: wan_vae_model._tiled(upsample, x, tile_in=(3, 4), stride_in=(2, 3), scale=4)
+    )(x)
+    np.testing.assert_allclose(tiled, upsample(x), atol=1e-6)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("shape", "match"),
+    [
+        ((1, 8, 16, 16, 3), "1 \\+ 4k frames"),
+        ((1, 9, 12, 16, 3), "divisible by 8"),
+        ((1, 9, 16, 16, 4), "4 channels, expected 3"),
+        ((9, 16, 16, 3), "video must be"),
+    ],
+)
+def test_encode_rejects_bad_video(vae, shape, match):
+    with pytest.raises(ValueError, match=match):
+        vae.encode(jnp.zeros(shape))
+
+
+def test_decode_rejects_bad_latents_and_tiles(vae):
+    with pytest.raises(ValueError, match="expected z_dim=4"):
+        vae.decode(jnp.zeros((1, 2, 2, 2, 16)))
+    with pytest.raises(ValueError, match="latents must be"):
+        vae.decode(jnp.zeros((2, 2, 2, 4)))
+    with pytest.raises(ValueError, match="latents_per_step=2"):
+        vae.decode(jnp.zeros((1, 4, 2, 2, 4)), latents_per_step=2)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        vae.decode(jnp.zeros((1, 1, 4, 4, 4)), tile_size=12)
+    with pytest.raises(ValueError, match="exceeds tile_size"):
+        vae.decode(jnp.zeros((1, 1, 4, 4, 4)), tile_size=16, tile_stride=24)
+    with pytest.raises(ValueError, match="frames_per_step"):
+        vae.encode(jnp.zeros((1, 9, 8, 8, 3)), frames_per_step=6)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_save_load_round_trip(vae, tmp_path):
+    save(vae, tmp_path / "vae.safetensors")
+    loaded = load(tmp_path / "vae.safetensors", "tiny")
+    want = nnx.state(vae, nnx.Param)
+    got = nnx.state(loaded, nnx.Param)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_corrupt_checkpoints_name_the_key(vae, tmp_path):
+    tensors = export_state(nnx.state(vae, nnx.Param), key_map(TINY))
+    key = "decoder.up_blocks.1.resnets.0.conv1.weight"
+    assert tensors[key].ndim == 5  # torch Conv3d layout (out, in, kt, kh, kw)
+
+    bad = dict(tensors, **{key: tensors[key][:, :, :2]})
+    save_file(bad, tmp_path / "shape.safetensors")
+    with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
+        load(tmp_path / "shape.safetensors", TINY)
+
+    missing = {k: v for k, v in tensors.items() if k != "encoder.norm_out.gamma"}
+    save_file(missing, tmp_path / "missing.safetensors")
+    with pytest.raises(CheckpointError, match=r"missing key 'encoder\.norm_out\.gamma'"):
+        load(tmp_path / "missing.safetensors", TINY)
+
+    with pytest.raises(ValueError, match="unknown WanVAE preset"):
+        load(tmp_path / "missing.safetensors", "wan2.2")

@@ -1,0 +1,247 @@
+"""WanVAE vs diffusers `AutoencoderKLWan`: random tiny models through the real checkpoint path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from vidax.models.wan_vae import (  # noqa: E402
+    PRESETS,
+    WanVAE,
+    from_diffusers_config,
+    key_map,
+    load,
+    save,
+)
+
+pytestmark = pytest.mark.reference
+
+RTOL = 1e-4  # max |err| / max |reference|, float32
+
+TINY = PRESETS["tiny"]
+TINY_DIFFUSERS = {
+    "base_dim": TINY.base_dim,
+    "z_dim": TINY.z_dim,
+    "dim_mult": list(TINY.dim_mult),
+    "num_res_blocks": TINY.num_res_blocks,
+    "temperal_downsample": list(TINY.temperal_downsample),
+    "latents_mean": list(TINY.latents_mean),
+    "latents_std": list(TINY.latents_std),
+}
+# 4x spatial, 2x temporal (first stage halves time), a wider decoder, no normalisation stats.
+# diffusers' tiling reads the scale factors from its config, so they must be set to match.
+VARIANT_DIFFUSERS = {
+    "base_dim": 8,
+    "decoder_base_dim": 12,
+    "z_dim": 3,
+    "dim_mult": [1, 2, 2],
+    "num_res_blocks": 1,
+    "temperal_downsample": [True, False],
+    "scale_factor_spatial": 4,
+    "scale_factor_temporal": 2,
+}
+
+
+def _assert_close(got, want, what, rel=RTOL):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    err, scale = np.abs(got - want).max(), np.abs(want).max()
+    assert err <= rel * scale, f"{what}: max abs err {err:.3g} > {rel} x {scale:.3g}"
+
+
+def _reference(config: dict, seed: int = 0):
+    """A diffusers model whose every parameter (norm gammas included) is randomised."""
+    torch.manual_seed(seed)
+    model = diffusers.AutoencoderKLWan(**config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _pair(config: dict, path):
+    ref = _reference(config)
+    ref.save_pretrained(path)
+    return ref, load(path, from_diffusers_config(dict(ref.config)))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return _pair(TINY_DIFFUSERS, tmp_path_factory.mktemp("wan_vae_tiny"))
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory):
+    return _pair(VARIANT_DIFFUSERS, tmp_path_factory.mktemp("wan_vae_variant"))
+
+
+def _to_torch(x):
+    """(b, t, h, w, c) -> torch (b, c, t, h, w)."""
+    return torch.from_numpy(np.asarray(x, np.float32)).permute(0, 4, 1, 2, 3)
+
+
+def _from_torch(x):
+    return x.detach().float().permute(0, 2, 3, 4, 1).numpy()
+
+
+def _stats(vae):
+    cfg = vae.config
+    mean = np.asarray(cfg.latents_mean or (0.0,) * cfg.z_dim, np.float32)
+    std = np.asarray(cfg.latents_std or (1.0,) * cfg.z_dim, np.float32)
+    return mean, std
+
+
+def _check_encode(ref, vae, shape, **tiles):
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
+    with torch.no_grad():
+        mu = _from_torch(ref.encode(_to_torch(x)).latent_dist.mode())
+    mean, std = _stats(vae)
+    got = vae.encode(jnp.asarray(x), **tiles)
+    _assert_close(got, (mu - mean) / std, "encode")
+
+
+def _check_decode(ref, vae, shape, **tiles):
+    z = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    mean, std = _stats(vae)
+    with torch.no_grad():
+        want = _from_torch(ref.decode(_to_torch(z * std + mean)).sample)
+    # Mostly unclamped, so the comparison sees the decoder, not the clamp.
+    assert np.mean(np.abs(want) < 1) > 0.5
+    got = vae.decode(jnp.asarray(z), **tiles)
+    _assert_close(got, want, "decode")
+    return z, got
+
+
+def test_tiny_config_round_trips_through_diffusers(tiny):
+    ref, vae = tiny
+    assert vae.config == TINY
+    assert ref.config.scale_factor_spatial == TINY.spatial_factor
+
+
+def test_encode_matches_diffusers(tiny):
+    # 9 frames: frame 0, then two 4-frame chunks through the causal caches.
+    _check_encode(*tiny, (2, 9, 16, 24, 3))
+
+
+def test_decode_matches_diffusers(tiny):
+    # 3 latent frames -> 9 frames: three decoder calls chained through the caches.
+    _check_decode(*tiny, (2, 3, 2, 3, 4))
+
+
+def test_variant_matches_diffusers(variant):
+    ref, vae = variant
+    assert (vae.config.spatial_factor, vae.config.temporal_factor) == (4, 2)
+    _check_encode(ref, vae, (1, 13, 8, 12, 3))  # -> 7 latent frames
+    _check_decode(ref, vae, (1, 4, 2, 3, 3))  # -> 7 frames
+
+
+def test_tiled_decode_matches_diffusers(variant):
+    ref, vae = variant
+    # 12x12 px frames in 8 px tiles every 4 px: 3x3 tiles, blended over 4 px both ways.
+    ref.enable_tiling(
+        tile_sample_min_height=8,
+        tile_sample_min_width=8,
+        tile_sample_stride_height=4,
+        tile_sample_stride_width=4,
+    )
+    try:
+        z, tiled = _check_decode(ref, vae, (1, 3, 3, 3, 3), tile_size=8, tile_stride=4)
+    finally:
+        ref.disable_tiling()
+    # The tiles really were decoded apart: with 2-latent tiles they see far less context than
+    # the whole frame (test_tiled_decode_is_exact_away_from_seams checks realistic tiles).
+    untiled = vae.decode(jnp.asarray(z))
+    assert float(jnp.abs(tiled - untiled).max()) > 1e-2
+
+
+@pytest.mark.slow
+def test_tiled_encode_matches_diffusers(variant):
+    ref, vae = variant
+    ref.enable_tiling(
+        tile_sample_min_height=8,
+        tile_sample_min_width=8,
+        tile_sample_stride_height=4,
+        tile_sample_stride_width=4,
+    )
+    try:
+        _check_encode(ref, vae, (1, 5, 12, 12, 3), tile_size=8, tile_stride=4)
+    finally:
+        ref.disable_tiling()
+
+
+@pytest.mark.slow
+def test_tiled_decode_is_exact_away_from_seams():
+    """Without the (global) mid attention, pixels far from the first tile's edge are exact."""
+    vae = WanVAE(from_diffusers_config(VARIANT_DIFFUSERS), rngs=nnx.Rngs(0))
+    attn = vae.decoder.mid_block.attentions[0].proj
+    attn.kernel[...] = jnp.zeros_like(attn.kernel[...])
+    attn.bias[...] = jnp.zeros_like(attn.bias[...])
+    z = jnp.asarray(np.random.default_rng(2).standard_normal((1, 2, 24, 24, 3)), jnp.float32)
+    untiled = vae.decode(z)
+    tiled = vae.decode(z, tile_size=64, tile_stride=48)
+    _assert_close(tiled[:, :, :8, :8], untiled[:, :, :8, :8], "top-left corner", rel=1e-5)
+    err = jnp.abs(tiled - untiled)
+    assert float(err.mean()) < 0.2 * float(jnp.abs(untiled).mean())
+
+
+@pytest.mark.slow
+def test_encoder_attention_matches_diffusers(tmp_path):
+    """attn_scales adds encoder attention; diffusers can only run it without its caches.
+
+    With no temporal downsampling the uncached torch encoder (causal zero padding over the
+    whole clip) is exactly the chunked computation, so it serves as the reference.
+    """
+    config = {
+        "base_dim": 8,
+        "z_dim": 4,
+        "dim_mult": [1, 2],
+        "num_res_blocks": 1,
+        "temperal_downsample": [False],
+        "attn_scales": [1.0, 0.5],
+    }
+    ref, vae = _pair(config, tmp_path)
+    assert sum(k.startswith("encoder.down_blocks.1.to_qkv") for k in ref.state_dict()) == 2
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 5, 8, 8, 3)).astype(np.float32)
+    with torch.no_grad():
+        h = ref.quant_conv(ref.encoder(_to_torch(x)))
+    mu, _ = vae.moments(jnp.asarray(x))
+    _assert_close(mu, _from_torch(h)[..., : config["z_dim"]], "encoder with attention")
+
+
+def test_saved_checkpoint_is_the_diffusers_state_dict(tiny, tmp_path):
+    ref, vae = tiny
+    save(vae, tmp_path / "vae.safetensors")
+    saved = safetensors_torch.load_file(tmp_path / "vae.safetensors")
+    want = ref.state_dict()
+    assert sorted(saved) == sorted(want)
+    for key, value in want.items():
+        assert saved[key].shape == value.shape, key
+        torch.testing.assert_close(saved[key], value, rtol=0, atol=0, msg=key)
+    fresh = diffusers.AutoencoderKLWan(**TINY_DIFFUSERS)
+    fresh.load_state_dict(saved, strict=True)
+
+
+def test_key_map_covers_the_full_wan21_checkpoint():
+    with torch.device("meta"):
+        ref = diffusers.AutoencoderKLWan()
+    shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS["wan2.1"], rngs=nnx.Rngs(0)))
+    params = {
+        ".".join(str(getattr(k, "key", k)) for k in path): v.get_value()
+        for path, v in jax.tree_util.tree_flatten_with_path(
+            nnx.state(abstract, nnx.Param), is_leaf=lambda v: isinstance(v, nnx.Variable)
+        )[0]
+    }
+    rules = key_map(PRESETS["wan2.1"])
+    assert sorted(r.source for r in rules) == sorted(shapes)
+    for rule in rules:
+        src = jax.ShapeDtypeStruct(shapes[rule.source], jnp.float32)
+        got = jax.eval_shape(rule.transform, src) if rule.transform else src
+        assert got.shape == params[rule.target].shape, rule
+        if rule.inverse is not None:
+            assert jax.eval_shape(rule.inverse, got).shape == src.shape, rule
