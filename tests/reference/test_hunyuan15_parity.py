@@ -11,7 +11,16 @@ from tests.reference._torch import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from vidax.models.hunyuan15 import HunyuanVideo15Config, key_map, load  # noqa: E402
+from tests.reference.test_hunyuan_parity import (  # noqa: E402
+    assert_preset_matches_diffusers_defaults,
+)
+from vidax.models.hunyuan15 import (  # noqa: E402
+    PRESETS,
+    HunyuanVideo15Config,
+    HunyuanVideo15Transformer,
+    key_map,
+    load,
+)
 
 pytestmark = pytest.mark.reference
 
@@ -174,3 +183,13 @@ def test_misshaped_checkpoint_names_the_key(models, tmp_path):
     safetensors.torch.save_file(state, tmp_path / "diffusion_pytorch_model.safetensors")
     with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
         load(tmp_path, CONFIG)
+
+
+def test_preset_matches_diffusers_defaults():
+    config = PRESETS["hunyuanvideo1.5"]
+    assert_preset_matches_diffusers_defaults(
+        diffusers.HunyuanVideo15Transformer3DModel,
+        HunyuanVideo15Transformer,
+        config,
+        key_map(config),
+    )

@@ -10,7 +10,13 @@ from tests.reference._torch import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from vidax.models.hunyuan import HunyuanVideoConfig, key_map, load  # noqa: E402
+from vidax.models.hunyuan import (  # noqa: E402
+    PRESETS,
+    HunyuanVideoConfig,
+    HunyuanVideoTransformer,
+    key_map,
+    load,
+)
 
 pytestmark = pytest.mark.reference
 
@@ -161,3 +167,43 @@ def test_misshaped_checkpoint_names_the_key(tmp_path):
     safetensors.torch.save_file(state, tmp_path / "diffusion_pytorch_model.safetensors")
     with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
         load(tmp_path, CONFIG)
+
+
+def assert_preset_matches_diffusers_defaults(reference_cls, model_cls, config, rules) -> None:
+    """Every diffusers tensor of `reference_cls()` (its default, released config) maps through
+    `rules` onto a vidax parameter of `model_cls(config)` of the same shape, and back."""
+    import math
+
+    from flax import nnx
+
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in reference_cls().state_dict().items()}
+    abstract = nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0)))
+    leaves = jax.tree_util.tree_flatten_with_path(
+        nnx.state(abstract, nnx.Param), is_leaf=lambda v: isinstance(v, nnx.Variable)
+    )[0]
+    params = {
+        ".".join(str(getattr(k, "key", k)) for k in path): v.get_value().shape for path, v in leaves
+    }
+    covered = []
+    for rule in rules:
+        want = params[rule.target]
+        keys = [rule.source.format(i=i) for i in range(want[0])] if rule.stacked else [rule.source]
+        for key in keys:
+            assert key in shapes, f"{key} (for {rule.target}) is not a diffusers tensor"
+            src = jax.ShapeDtypeStruct(shapes[key], jnp.float32)
+            got = jax.eval_shape(rule.transform, src).shape if rule.transform else src.shape
+            assert got == (want[1:] if rule.stacked else want), key
+        covered += keys
+    assert sorted(covered) == sorted(shapes)
+    assert sum(map(math.prod, shapes.values())) == sum(map(math.prod, params.values()))
+
+
+def test_preset_matches_diffusers_defaults():
+    config = PRESETS["hunyuanvideo"]
+    assert_preset_matches_diffusers_defaults(
+        diffusers.HunyuanVideoTransformer3DModel,
+        HunyuanVideoTransformer,
+        config,
+        key_map(config),
+    )

@@ -126,26 +126,19 @@ class HunyuanVideo15Transformer(DualStreamDiT):
             raise ValueError(f"timestep must be (b,), got {timestep.shape}")
         b = timestep.shape[0]
         check_text(text, text_mask, c.text_dim, b)
-        temb = self.time_embedder(timestep_embedding(timestep, c.freq_dim))
         if timestep_r is not None:
             if self.time_embedder_r is None:
                 raise ValueError("timestep_r needs a MeanFlow model (use_meanflow=True)")
             if timestep_r.shape != (b,):
                 raise ValueError(f"timestep_r must be ({b},), got {timestep_r.shape}")
-            temb = temb + self.time_embedder_r(timestep_embedding(timestep_r, c.freq_dim))
-
-        mask = jnp.asarray(text_mask).astype(bool)
-        prompt = self.refiner(text.astype(c.compute_dtype), timestep, mask)
-        tokens, masks = [], []
-        if image_embeds is not None:
-            if image_embeds.ndim != 3 or image_embeds.shape[::2] != (b, c.image_dim):
-                raise ValueError(
-                    f"image_embeds must be ({b}, m, {c.image_dim}), got {image_embeds.shape}"
-                )
-            image_embeds = jnp.asarray(image_embeds)
-            tokens.append(self._typed(self.image_embedder(image_embeds), _IMAGE))
-            is_i2v = jnp.any(image_embeds != 0, axis=(1, 2))
-            masks.append(jnp.broadcast_to(is_i2v[:, None], image_embeds.shape[:2]))
+        if image_embeds is not None and (
+            image_embeds.ndim != 3 or image_embeds.shape[::2] != (b, c.image_dim)
+        ):
+            raise ValueError(
+                f"image_embeds must be ({b}, m, {c.image_dim}), got {image_embeds.shape}"
+            )
+        if byt5 is None and byt5_mask is not None:
+            raise ValueError("byt5_mask given without byt5")
         if byt5 is not None:
             if byt5.ndim != 3 or byt5.shape[::2] != (b, c.byt5_dim):
                 raise ValueError(f"byt5 must be ({b}, g, {c.byt5_dim}), got {byt5.shape}")
@@ -153,10 +146,21 @@ class HunyuanVideo15Transformer(DualStreamDiT):
                 byt5_mask = jnp.ones(byt5.shape[:2], bool)
             if byt5_mask.shape != byt5.shape[:2]:
                 raise ValueError(f"byt5_mask must be {byt5.shape[:2]}, got {byt5_mask.shape}")
+
+        temb = self.time_embedder(timestep_embedding(timestep, c.freq_dim))
+        if timestep_r is not None:
+            temb = temb + self.time_embedder_r(timestep_embedding(timestep_r, c.freq_dim))
+        mask = jnp.asarray(text_mask).astype(bool)
+        tokens, masks = [], []
+        if image_embeds is not None:
+            image_embeds = jnp.asarray(image_embeds)
+            tokens.append(self._typed(self.image_embedder(image_embeds), _IMAGE))
+            is_i2v = jnp.any(image_embeds != 0, axis=(1, 2))
+            masks.append(jnp.broadcast_to(is_i2v[:, None], image_embeds.shape[:2]))
+        if byt5 is not None:
             tokens.append(self._typed(self.byt5_embedder(byt5), _BYT5))
             masks.append(jnp.asarray(byt5_mask).astype(bool))
-        elif byt5_mask is not None:
-            raise ValueError("byt5_mask given without byt5")
+        prompt = self.refiner(text.astype(c.compute_dtype), timestep, mask)
         tokens.append(self._typed(prompt, _PROMPT))
         masks.append(mask)
         context = shard(jnp.concatenate(tokens, axis=1), ("batch", "text_tokens", "embed"))
