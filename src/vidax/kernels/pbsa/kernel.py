@@ -21,11 +21,12 @@ the whole group. The grid is `(b, n_kv, query tiles)`; inside, an online softmax
 over the selected blocks with a **dynamic trip count** `block_cnt`: unselected slots are never
 read and cost nothing.
 
-- `backend="tpu"` (Mosaic): the lists, counts and slot lengths are scalar-prefetched into SMEM
-  (`PrefetchScalarGridSpec`); the pools stay in HBM (`memory_space=pl.ANY`) and the loop copies
-  `BlockSizes.block_kv // block_size` selected blocks per step into a double-buffered VMEM
-  scratch, starting the next step's copies before computing the current one. SMEM is small
-  (about 1 MiB): with very long lists, call per batch element or shard heads with `shard_map`.
+- `backend="tpu"` (Mosaic): the counts are scalar-prefetched (`PrefetchScalarGridSpec`); each
+  program's list row and its head's slot lengths come in as SMEM blocks (prefetching every list
+  would overflow SMEM, 1 MiB on v5e, at Sparse Forcing sizes). The pools stay in HBM
+  (`memory_space=pl.ANY`) and the loop copies `BlockSizes.block_kv // block_size` selected
+  blocks per step into a double-buffered VMEM scratch, starting the next step's copies before
+  computing the current one.
 - `backend="triton"` (GPU): the same loop reads one block per step straight from the pool with a
   dynamic `pl.ds(slot * block_size, block_size)` offset. Triton wants power-of-two tiles: the
   wrapper pads the rows; `block_size` and `k` must be powers of two of at least 16.
@@ -286,22 +287,41 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         scale=static.scale,
         block_size=d.block_size,
         steps=steps,
-        max_sel=d.max_sel,
-        num_slots=d.num_slots,
         num_q_tiles=d.num_q_tiles,
         q_split=static.q_split,
     )
+    split = static.q_split
+
+    def tile_map(b, h, i, cnt_ref):  # the selection tile of program i
+        del cnt_ref
+        return b, h, jax.lax.div(i, split), 0, 0
+
+    def row_map(b, h, i, cnt_ref):
+        del cnt_ref
+        return b, h, i, 0, 0
+
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=3,
+        # Only the counts are prefetched whole (they set the trip counts); each program's list
+        # and the slot lengths arrive as small SMEM blocks, so SMEM (1 MiB on v5e) holds a few
+        # rows of the lists, never all of them.
+        num_scalar_prefetch=1,
         grid=(b, n_kv, n_prog),
         in_specs=[
-            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i, *_: (b, h, i, 0, 0)),
+            # Blocks end in (1, size) of unit-padded arrays: Mosaic wants the last two block
+            # dims equal to the array's (or (8, 128)-aligned).
+            pl.BlockSpec((None, None, None, 1, d.max_sel), tile_map, memory_space=pltpu.SMEM),
+            pl.BlockSpec(
+                (None, None, 1, d.num_slots),
+                lambda b, h, i, _: (b, h, 0, 0),
+                memory_space=pltpu.SMEM,
+            ),
+            pl.BlockSpec((None, None, None, rows_p, k), row_map),
             pl.BlockSpec(memory_space=pl.ANY),
             pl.BlockSpec(memory_space=pl.ANY),
         ],
         out_specs=[
-            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i, *_: (b, h, i, 0, 0)),
-            pl.BlockSpec((None, None, None, rows_p, 1), lambda b, h, i, *_: (b, h, i, 0, 0)),
+            pl.BlockSpec((None, None, None, rows_p, k), row_map),
+            pl.BlockSpec((None, None, None, rows_p, 1), row_map),
         ],
         scratch_shapes=[
             pltpu.VMEM((2, steps * d.block_size, k), pool_k.dtype),
@@ -323,13 +343,13 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         # a read of a block that was never copied would show up in the tests.
         interpret=pltpu.InterpretParams() if static.interpret else False,
         name="pbsa_tpu",
-    )(idx.reshape(-1), cnt.reshape(-1), lens.reshape(-1), rows_q, pool_k, pool_v)
+    )(cnt.reshape(-1), idx[:, :, :, None], lens[:, :, None], rows_q, pool_k, pool_v)
     return o, lse[..., 0]
 
 
 def _pbsa_tpu_kernel(
-    idx_ref,
     cnt_ref,
+    idx_ref,
     len_ref,
     q_ref,
     k_hbm_ref,
@@ -343,8 +363,6 @@ def _pbsa_tpu_kernel(
     scale: float,
     block_size: int,
     steps: int,
-    max_sel: int,
-    num_slots: int,
     num_q_tiles: int,
     q_split: int,
 ):
@@ -352,10 +370,7 @@ def _pbsa_tpu_kernel(
     n_kv = pl.num_programs(1)
     # lax.div/rem (truncating, fine for these non-negative ints): Python's floor `//` and `%`
     # lower through sign(), which Mosaic only lowers with a real TPU attached.
-    tile = (b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)
-    cnt = cnt_ref[tile]
-    list_base = tile * max_sel
-    len_base = (b * n_kv + h) * num_slots
+    cnt = cnt_ref[(b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)]
     num_steps = jax.lax.div(cnt + steps - 1, steps)
 
     def entry(step, u):
@@ -365,7 +380,7 @@ def _pbsa_tpu_kernel(
     def copies(step, buf):
         out = []
         for u in range(steps):
-            slot = idx_ref[list_base + entry(step, u)]
+            slot = idx_ref[0, entry(step, u)]
             rows = pl.ds(u * block_size, block_size)
             for src, dst, kind in ((k_hbm_ref, k_scratch_ref, 0), (v_hbm_ref, v_scratch_ref, 1)):
                 out.append(
@@ -403,8 +418,7 @@ def _pbsa_tpu_kernel(
         valid = None
         for u in range(steps):
             e = step * steps + u
-            slot = idx_ref[list_base + entry(step, u)]
-            lim = jnp.where(e < cnt, len_ref[len_base + slot], 0)
+            lim = jnp.where(e < cnt, len_ref[0, idx_ref[0, entry(step, u)]], 0)
             ok = (col >= u * block_size) & (col < u * block_size + lim)
             valid = ok if valid is None else valid | ok
         s = jnp.where(valid, s, -jnp.inf)
