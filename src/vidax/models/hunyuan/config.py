@@ -60,7 +60,7 @@ class HunyuanVideoConfig:
       freq_dim: sinusoidal timestep features.
       rope_axes_dims: head-dim split of the (t, h, w) RoPE, summing to head_dim.
       rope_theta: RoPE base.
-      eps: epsilon of all norms in the blocks.
+      eps: epsilon of the norms in the blocks, the refiner and the output head.
       dtype: compute dtype; param_dtype: storage dtype of parameters.
       attention_impl: `vidax.nn.attention` implementation.
       remat: rematerialise each block in the backward pass (training).

@@ -66,11 +66,11 @@ jax.tree_util.register_dataclass(
 # -- building blocks ---------------------------------------------------------------------------
 
 
-def gelu_tanh(x: jax.Array) -> jax.Array:
+def _gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
 
 
-def stack_layers(num_layers: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
+def _stack_layers(num_layers: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
     """`num_layers` independently initialised copies of `make(rngs)`, stacked on a "layers" axis."""
 
     @nnx.split_rngs(splits=num_layers)
@@ -81,7 +81,7 @@ def stack_layers(num_layers: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: 
     return build(rngs)
 
 
-def scan_layers(stack: nnx.Module, carry, step: Callable, *, remat: bool = False):
+def _scan_layers(stack: nnx.Module, carry, step: Callable, *, remat: bool = False):
     """Runs `carry = step(layer, carry)` over a stacked module under one `lax.scan`."""
     graphdef, state = nnx.split(stack)
 
@@ -211,8 +211,8 @@ class DualStreamBlock(nnx.Module):
         self.modulation = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.modulation_context = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.attn = DualAttention(dim, num_heads, eps=eps, **kw)
-        self.ff = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
-        self.ff_context = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
+        self.ff = FeedForward(dim, mlp_dim, activation=_gelu_tanh, **kw)
+        self.ff_context = FeedForward(dim, mlp_dim, activation=_gelu_tanh, **kw)
         self.eps = eps
         self.attention_impl = attention_impl
 
@@ -299,7 +299,7 @@ class SingleStreamBlock(nnx.Module):
     ) -> Float[Array, "b l+s d"]:
         shift, scale, gate = _chunks(self.modulation(jax.nn.silu(temb)), 3)
         h = modulate(layer_norm(x, self.eps), shift, scale).astype(x.dtype)
-        mlp = gelu_tanh(self.proj_mlp(h))
+        mlp = _gelu_tanh(self.proj_mlp(h))
         n = self.num_heads
         q = _rope_prefix(self.norm_q(_heads(self.to_q(h), n)), angles, num_video)
         k = _rope_prefix(self.norm_k(_heads(self.to_k(h), n)), angles, num_video)
@@ -375,7 +375,7 @@ class TokenRefiner(nnx.Module):
         self.time_embedder = MLPEmbedder(freq_dim, dim, in_axis="freq", **f32)
         self.pooled_embedder = MLPEmbedder(text_dim, dim, in_axis="text_embed", **f32)
         self.proj_in = Linear(text_dim, dim, axes=("text_embed", "embed"), **kw)
-        self.blocks = stack_layers(
+        self.blocks = _stack_layers(
             num_layers,
             lambda r: RefinerBlock(
                 dim,
@@ -411,7 +411,7 @@ class TokenRefiner(nnx.Module):
         temb = temb + self.pooled_embedder(pooled)
         x = shard(self.proj_in(text), _TEXT)
         key_mask = mask if key_mask is None else key_mask
-        return scan_layers(
+        return _scan_layers(
             self.blocks, x, lambda block, x: block(x, temb, key_mask), remat=self.remat
         )
 
@@ -427,7 +427,7 @@ class DualStreamDiT(nnx.Module):
         c = self.config = config
         kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.x_embedder = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
-        self.double_blocks = stack_layers(
+        self.double_blocks = _stack_layers(
             c.num_layers,
             lambda r: DualStreamBlock(
                 c.dim,
@@ -514,7 +514,7 @@ class DualStreamDiT(nnx.Module):
             x, context = carry
             return block(x, context, cond.temb, angles, key_mask, attention_fn=attention_fn)
 
-        return scan_layers(self.double_blocks, (tokens, cond.text), step, remat=self.config.remat)
+        return _scan_layers(self.double_blocks, (tokens, cond.text), step, remat=self.config.remat)
 
     def unembed(
         self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
@@ -522,7 +522,7 @@ class DualStreamDiT(nnx.Module):
         """Modulated output head and unpatchify back to a channels-last latent (float32)."""
         c = self.config
         scale, shift = _chunks(self.norm_out(jax.nn.silu(cond.temb)), 2)
-        h = modulate(layer_norm(tokens, 1e-6), shift, scale).astype(c.compute_dtype)
+        h = modulate(layer_norm(tokens, c.eps), shift, scale).astype(c.compute_dtype)
         out = self.proj_out(h).astype(jnp.float32)
         pt, ph, pw = c.patch_size
         # diffusers orders each token's output features (c, pt, ph, pw).
@@ -569,7 +569,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
         )
         self.pooled_embedder = MLPEmbedder(c.pooled_dim, c.dim, in_axis="text_embed", **f32)
         self.refiner = self._refiner(rngs)
-        self.single_blocks = stack_layers(
+        self.single_blocks = _stack_layers(
             c.num_single_layers,
             lambda r: SingleStreamBlock(
                 c.dim,
@@ -647,7 +647,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
                 x, cond.temb, angles, key_mask, num_video=num_video, attention_fn=attention_fn
             )
 
-        x = scan_layers(self.single_blocks, x, step, remat=self.config.remat)
+        x = _scan_layers(self.single_blocks, x, step, remat=self.config.remat)
         return x[:, :num_video], x[:, num_video:]
 
     def run_blocks(

@@ -42,12 +42,16 @@ def _gelu(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
 
 
+# The conditioning projections use torch's default LayerNorm epsilon, not the blocks' eps.
+_PROJECTION_EPS = 1e-5
+
+
 class ByT5Projection(nnx.Module):
     """LayerNorm -> Linear -> GELU -> Linear -> GELU -> Linear: ByT5 glyph embeddings to width d."""
 
     def __init__(self, in_dim: int, hidden: int, dim: int, *, dtype, param_dtype, rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.norm = LayerNorm(in_dim, eps=1e-5, param_dtype=param_dtype)
+        self.norm = LayerNorm(in_dim, eps=_PROJECTION_EPS, param_dtype=param_dtype)
         self.linear_1 = Linear(in_dim, hidden, axes=("text_embed", "mlp"), **kw)
         self.linear_2 = Linear(hidden, hidden, axes=("mlp", None), **kw)
         self.linear_3 = Linear(hidden, dim, axes=(None, "embed"), **kw)
@@ -62,10 +66,10 @@ class ImageProjection(nnx.Module):
 
     def __init__(self, in_dim: int, dim: int, *, dtype, param_dtype, rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.norm_in = LayerNorm(in_dim, eps=1e-5, param_dtype=param_dtype)
+        self.norm_in = LayerNorm(in_dim, eps=_PROJECTION_EPS, param_dtype=param_dtype)
         self.linear_1 = Linear(in_dim, in_dim, axes=("text_embed", None), **kw)
         self.linear_2 = Linear(in_dim, dim, axes=(None, "embed"), **kw)
-        self.norm_out = LayerNorm(dim, eps=1e-5, param_dtype=param_dtype)
+        self.norm_out = LayerNorm(dim, eps=_PROJECTION_EPS, param_dtype=param_dtype)
 
     def __call__(self, x: Float[Array, "b m e"]) -> Float[Array, "b m d"]:
         return self.norm_out(self.linear_2(_gelu(self.linear_1(self.norm_in(x)))))
