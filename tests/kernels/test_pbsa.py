@@ -25,6 +25,7 @@ from vidax.kernels.pbsa import (
     gather_blocks,
     pbsa,
     pbsa_reference,
+    selection_from_mask,
     selection_mask,
     update_pool,
 )
@@ -185,6 +186,27 @@ def test_canonicalize_is_the_sorted_set_of_valid_entries(lists, counts):
         assert np.asarray(gi[: len(want)]).tolist() == want
         # Padding repeats the last valid slot (0 when empty): always a readable slot.
         assert set(np.asarray(gi[len(want) :]).tolist()) <= {want[-1] if want else 0}
+
+
+def test_selection_from_mask_round_trips_through_the_dense_mask():
+    case = GQA_RAGGED
+    rng = np.random.default_rng(13)
+    slot_mask = rng.random((case.b, case.n_kv, case.num_q_tiles, case.num_slots)) < 0.5
+    slot_mask[0, 0, 0] = False  # an empty tile
+    idx, cnt = selection_from_mask(jnp.asarray(slot_mask), case.num_slots)
+    np.testing.assert_array_equal(cnt, slot_mask.sum(-1))
+    dense = selection_mask(
+        idx,
+        cnt,
+        num_slots=case.num_slots,
+        block_size=case.block_size,
+        lq=case.lq,
+        block_q=case.block_q,
+    )
+    want = np.repeat(np.repeat(slot_mask, case.block_size, -1), case.block_q, 2)[:, :, : case.lq]
+    np.testing.assert_array_equal(dense, want)
+    with pytest.raises(ValueError, match="more than"):
+        selection_from_mask(jnp.ones((1, 1, 1, 4), bool), 3)
 
 
 # ----------------------------------------------------------------------------- kernels

@@ -6,7 +6,11 @@
 summarise the pool.
 """
 
-from vidax.kernels.pbsa.index import canonicalize_selection, selection_mask
+from vidax.kernels.pbsa.index import (
+    canonicalize_selection,
+    selection_from_mask,
+    selection_mask,
+)
 from vidax.kernels.pbsa.kernel import BACKENDS, BlockSizes, pbsa
 from vidax.kernels.pbsa.pool import block_means, gather_blocks, update_pool
 from vidax.kernels.pbsa.reference import pbsa_reference
@@ -19,6 +23,7 @@ __all__ = [
     "gather_blocks",
     "pbsa",
     "pbsa_reference",
+    "selection_from_mask",
     "selection_mask",
     "update_pool",
 ]

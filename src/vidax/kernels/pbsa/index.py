@@ -184,6 +184,34 @@ def canonicalize_selection(
     return idx, cnt
 
 
+def selection_from_mask(
+    slot_mask: Bool[Array, "b n_kv nq num_slots"], max_sel: int
+) -> tuple[Int[Array, "b n_kv nq s"], Int[Array, "b n_kv nq"]]:
+    """Canonical lists from a per-tile boolean slot mask (True = attend to that slot).
+
+    Handy when a selection is easier to build as a mask (forced blocks OR top-k). A tile with
+    more than `max_sel` selected slots raises `ValueError` when the mask is concrete; under `jit`
+    its lowest `max_sel` slots are kept.
+
+    Returns:
+        `(block_idx, block_cnt)`: int32 `(b, n_kv, nq, max_sel)` ascending slots padded with the
+        last one, and int32 `(b, n_kv, nq)` counts.
+    """
+    if slot_mask.ndim != 4 or slot_mask.dtype != jnp.bool_:
+        raise ValueError(f"slot_mask must be bool (b, n_kv, nq, num_slots), got {slot_mask.shape}")
+    num_slots = slot_mask.shape[-1]
+    if max_sel <= 0:
+        raise ValueError(f"max_sel must be positive, got {max_sel}")
+    counts = _concrete(slot_mask)
+    if counts is not None and counts.size and counts.sum(-1).max() > max_sel:
+        raise ValueError(f"a tile selects {counts.sum(-1).max()} slots, more than {max_sel=}")
+    order = jnp.argsort(~slot_mask, axis=-1, stable=True).astype(jnp.int32)  # selected first
+    if max_sel > num_slots:
+        order = jnp.pad(order, ((0, 0),) * 3 + ((0, max_sel - num_slots),))
+    cnt = jnp.minimum(slot_mask.sum(-1, dtype=jnp.int32), max_sel)
+    return canonicalize_selection(order[..., :max_sel], cnt, num_slots)
+
+
 def full_slot_len(slot_len, *, b: int, n_kv: int, num_slots: int, block_size: int):
     """`slot_len` as int32 `(b, n_kv, num_slots)` (all `block_size` when None)."""
     if slot_len is None:

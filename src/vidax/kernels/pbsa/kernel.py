@@ -69,7 +69,8 @@ class BlockSizes:
 
     Attributes:
         block_q: query rows (per head) of one program; must divide the selection tile
-            `block_q` of the lists. None uses the whole selection tile.
+            `block_q` of the lists. None uses the whole selection tile on TPU and, on GPU, the
+            largest divisor that keeps `groups * block_q` within 128 padded rows.
         block_kv: keys per inner step on TPU, rounded down to whole pool blocks (at least one).
             Larger steps amortise the loop and feed the MXU wider matmuls.
         num_warps: Triton warps per program; None picks 4 for `k <= 64`, else 8.
@@ -109,8 +110,14 @@ class _Static:
     @property
     def q_split(self) -> int:
         """Programs per selection tile."""
-        bq = self.block_sizes.block_q or self.dims.block_q
-        return self.dims.block_q // bq
+        d, bq = self.dims, self.block_sizes.block_q
+        if bq is None and self.backend == "triton":
+            # A Triton program keeps its (rows, k) accumulator in registers: keep the padded
+            # rows (groups * bq, rounded up to a power of two) at most 128.
+            fits = [c for c in range(1, d.block_q + 1) if d.block_q % c == 0]
+            fits = [c for c in fits if pl.next_power_of_2(d.groups * c) <= 128] or [1]
+            bq = max(fits)
+        return d.block_q // (bq or d.block_q)
 
 
 def pbsa(
