@@ -41,8 +41,8 @@ def _conv_init(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     """torch's default conv init U(+-1/sqrt(fan_in)), kernel layout (..., in, out).
 
     A concrete key seeds numpy: eager `jax.random` compiles one XLA program per parameter shape,
-    which made building even the tiny preset take ~20 s on a CPU. Under tracing (`eval_shape`,
-    `jit`) jax.random is used, which costs nothing there.
+    which made building even the tiny preset take ~20 s on a CPU. Under tracing (`eval_shape`
+    for checkpoint loading, or a user's `jit`) it falls back to jax.random.
     """
     bound = 1 / math.sqrt(math.prod(shape[:-1]))
     if isinstance(key, jax.core.Tracer):
@@ -106,12 +106,16 @@ class CausalConv3d(nnx.Module):
         return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
 
     def __call__(
-        self, x: Float[Array, "b t h w c"], cache: Float[Array, "b kt-1 h w c"] | None = None
-    ) -> tuple[Float[Array, "b t h w c2"], Float[Array, "b kt-1 h w c"] | None]:
-        """Convolves x after the last kt-1 input frames of the previous chunk (zeros at first).
+        self, x: Float[Array, "b t h w c"], cache: Float[Array, "b m h w c"] | None = None
+    ) -> tuple[Float[Array, "b t h w c2"], Float[Array, "b m h w c"] | None]:
+        """Convolves x after the last m = kt - 1 input frames of the previous chunk.
+
+        Args:
+          x: this chunk.
+          cache: the previous chunk's last m input frames; None (zeros) for the first chunk.
 
         Returns:
-          The output and the new cache: the last kt-1 frames of [cache, x].
+          The output and the new cache: the last m frames of [cache, x] (None if kt == 1).
         """
         if self.history == 0:
             return self.conv(x), None
