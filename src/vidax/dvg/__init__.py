@@ -1,0 +1,69 @@
+"""DVG: dynamic spatio-temporal progressive sampling with a content-aware selector.
+
+Early denoising steps run on a latent reduced in time and/or space; a probe of the first steps
+picks, per video, how to split the compute between the axes under a FLOP budget. Training-free;
+works with every vidax DiT whose forward accepts `positions` (Wan, HunyuanVideo).
+
+- `Stage`, `Schedule`: `[(t_factor, s_factor, steps), ...]` ending at full resolution;
+  `plan(schedule, latent, patch, solver)` resolves grids, noise levels and stage solvers.
+- `sample` (inside jit) / `denoise` (a DiT, one compile per plan): the multi-stage loop.
+- `restrict_noise`, `upsample`, `renoise`, `positions`: the transition math.
+- `measure`, `candidates`, `choose`, `Policy`: the selector; `accelerate` runs an accel mode
+  ("dvg", "spatial", "temporal", "joint", "none") end to end.
+- `step_flops`, `relative_cost`: the analytic FLOP model used for budgets.
+"""
+
+from vidax.dvg.cost import relative_cost, schedule_flops, step_flops
+from vidax.dvg.sampler import (
+    ACCEL_MODES,
+    DEFAULT_BUDGET,
+    accelerate,
+    denoise,
+    probe,
+    sample,
+)
+from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan, plan, reduced_shape
+from vidax.dvg.selector import (
+    DEFAULT_POLICY,
+    FAMILIES,
+    Candidate,
+    Choice,
+    Policy,
+    candidates,
+    choose,
+    ladders,
+    measure,
+)
+from vidax.dvg.transition import downsample, positions, renoise, restrict_noise, upsample
+
+__all__ = [
+    "ACCEL_MODES",
+    "DEFAULT_BUDGET",
+    "DEFAULT_POLICY",
+    "FAMILIES",
+    "Candidate",
+    "Choice",
+    "Plan",
+    "Policy",
+    "Schedule",
+    "Stage",
+    "StagePlan",
+    "accelerate",
+    "candidates",
+    "choose",
+    "denoise",
+    "downsample",
+    "ladders",
+    "measure",
+    "plan",
+    "positions",
+    "probe",
+    "reduced_shape",
+    "relative_cost",
+    "renoise",
+    "restrict_noise",
+    "sample",
+    "schedule_flops",
+    "step_flops",
+    "upsample",
+]

@@ -1,0 +1,393 @@
+"""The progressive sampler: every stage of a `Plan` in one jitted program.
+
+    p = plan(Schedule.of([(2, 2, 8), (1, 1, 12)]), latent=(9, 8, 8), patch=(1, 2, 2), solver=s)
+    x = jax.jit(lambda noise: sample(velocity_fn, noise, p))(noise)
+
+`sample` unrolls the stages in Python (their shapes differ) and runs each stage's steps with
+`vidax.sampling.sample` (a `lax.fori_loop`), so one jit covers the whole schedule and shapes
+change only at stage boundaries. `denoise` is the model-level entry (CFG, one compile per plan);
+`probe` runs the selector's cheap first steps.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vidax import sampling
+from vidax.dvg.schedule import Plan, StagePlan
+from vidax.dvg.transition import positions, renoise, restrict_noise, upsample
+
+# velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x.
+VelocityFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]
+
+
+def stage_noise(noise: jax.Array, plan: Plan, index: int, key: jax.Array | None) -> jax.Array:
+    """The noise a stage starts from (stage 0) or re-noises with (later stages)."""
+    stage = plan.stages[index]
+    if index > 0 and plan.noise == "fresh":
+        if key is None:
+            raise ValueError("noise='fresh' needs a PRNG key")
+        shape = (noise.shape[0], *stage.shape, noise.shape[-1])
+        return jax.random.normal(jax.random.fold_in(key, index), shape, noise.dtype)
+    return noise if stage.factors == (1, 1) else restrict_noise(noise, stage.factors)
+
+
+def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
+    """velocity(x, t) on a stage's grid: pads to the planned shape, passes RoPE positions on
+    full-resolution coordinates (or none at full resolution), crops the prediction."""
+    if stage.factors == (1, 1) and not any(stage.pad):
+        return lambda x, t: velocity_fn(x, t, None)
+    padded = stage.padded
+    grid = tuple(n // p for n, p in zip(padded, plan.patch, strict=True))
+    pos = positions(grid, stage.factors, plan.patch) if plan.rope == "scaled" else None
+    t0, h0, w0 = stage.shape
+
+    def velocity(x, t):
+        if any(stage.pad):
+            widths = [(0, 0), *((0, p) for p in stage.pad), (0, 0)]
+            x = jnp.pad(x, widths, mode="edge")
+        return velocity_fn(x, t, pos)[:, :t0, :h0, :w0]
+
+    return velocity
+
+
+def run_stage(
+    velocity_fn: VelocityFn,
+    x: jax.Array,
+    plan: Plan,
+    index: int,
+    *,
+    on_step: Callable[[int], None] | None = None,
+) -> jax.Array:
+    """Runs one stage from x at its entry level; returns its output (x0 for a reduced stage)."""
+    stage = plan.stages[index]
+    callback = None if on_step is None else (lambda i: on_step(i + stage.start))
+    return sampling.sample(
+        stage_velocity(velocity_fn, plan, stage), x, stage.solver, on_step=callback
+    )
+
+
+def sample(
+    velocity_fn: VelocityFn,
+    noise: jax.Array,
+    plan: Plan,
+    *,
+    key: jax.Array | None = None,
+    x0: jax.Array | None = None,
+    start_stage: int = 0,
+    on_step: Callable[[int], None] | None = None,
+) -> jax.Array:
+    """Integrates every stage of `plan`; call inside `jax.jit` to compile the schedule once.
+
+    Args:
+      velocity_fn: v = velocity_fn(x, t, positions) (see `VelocityFn`).
+      noise: (b, t, h, w, c) full-resolution starting noise (restricted to coarse grids).
+      plan: the resolved schedule.
+      key: PRNG key for `plan.noise == "fresh"`.
+      x0: (b, t', h', w', c) clean prediction of stage `start_stage - 1` (e.g. the probe's) to
+        resume from; required when start_stage > 0.
+      start_stage: first stage to run.
+      on_step: host callback with the base schedule's step index after each step.
+
+    Returns:
+      (b, t, h, w, c) float32 sample.
+    """
+    if not 0 <= start_stage < len(plan.stages):
+        raise ValueError(f"start_stage {start_stage} out of range for {len(plan.stages)} stages")
+    if start_stage > 0:
+        expected = plan.stages[start_stage - 1].shape
+        if x0 is None or tuple(x0.shape[1:4]) != expected:
+            raise ValueError(
+                f"resuming at stage {start_stage} needs x0 on grid {expected}, got "
+                f"{None if x0 is None else x0.shape}"
+            )
+    x = x0
+    for index in range(start_stage, len(plan.stages)):
+        stage = plan.stages[index]
+        eps = stage_noise(noise, plan, index, key)
+        if index == 0:
+            x = eps
+        else:
+            up = upsample(x, stage.shape, temporal=plan.temporal, spatial=plan.spatial)
+            x = renoise(up, eps, stage.entry_sigma)
+        x = run_stage(velocity_fn, x, plan, index, on_step=on_step)
+    return x
+
+
+# -- model-level entry points ---------------------------------------------------------------------
+
+
+def model_velocity(model, cond, negative, guidance: float, model_input=None) -> VelocityFn:
+    """The (guided) `VelocityFn` of a DiT called as
+    `model(model_input(x), timestep, **cond, positions=...)` (as `vidax.pipeline.denoise`)."""
+    use_cfg = negative is not None and guidance != 1.0
+    prepare = model_input or (lambda x: x)
+
+    def velocity(x, t, pos):
+        kw = {} if pos is None else {"positions": pos}
+
+        def model_fn(x, timestep, c):
+            return model(prepare(x), timestep, **c, **kw).astype(jnp.float32)
+
+        if use_cfg:
+            return sampling.classifier_free_guidance(model_fn, cond, negative, guidance)(x, t)
+        return model_fn(x, jnp.full((x.shape[0],), t, jnp.float32), cond)
+
+    return velocity
+
+
+def denoise(
+    model: nnx.Module,
+    noise: jax.Array,
+    cond,
+    negative,
+    *,
+    plan: Plan,
+    guidance: float,
+    key: jax.Array | None = None,
+    x0: jax.Array | None = None,
+    start_stage: int = 0,
+    model_input: Callable[[jax.Array], jax.Array] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> jax.Array:
+    """Runs a plan with a DiT under one jit (compiled once per plan); returns the latent.
+
+    Args:
+      model: a DiT called as `model(x, timestep (b,), **cond, positions=(l, 3))`.
+      noise: (b, t, h, w, c) starting noise.
+      cond / negative: conditioning pytrees (negative None or guidance 1 disables CFG).
+      plan: from `vidax.dvg.plan`.
+      guidance: classifier-free guidance scale.
+      key / x0 / start_stage / on_step: see `sample`.
+      model_input: maps the latent to the model input (as `vidax.pipeline.denoise`).
+    """
+    graphdef, state = nnx.split(model)
+    use_cfg = negative is not None and guidance != 1.0
+    run = _compiled(graphdef, plan, float(guidance), use_cfg, start_stage, model_input, on_step)
+    return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, x0)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(graphdef, plan: Plan, guidance, use_cfg, start_stage, model_input, on_step):
+    @jax.jit
+    def run(state, noise, cond, negative, key, x0):
+        model = nnx.merge(graphdef, state)
+        velocity = model_velocity(model, cond, negative, guidance, model_input)
+        return sample(
+            velocity, noise, plan, key=key, x0=x0, start_stage=start_stage, on_step=on_step
+        )
+
+    return run
+
+
+def probe(
+    model: nnx.Module,
+    noise: jax.Array,
+    cond,
+    negative,
+    *,
+    plan: Plan,
+    guidance: float,
+    model_input: Callable[[jax.Array], jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Runs stage 0 of `plan` (the selector's probe) and measures its clean prediction.
+
+    Returns:
+      (x0 (b, t', h', w', c) on stage 0's grid, signals (b, 2) = (motion, detail) from
+      `vidax.dvg.selector.measure`).
+    """
+    graphdef, state = nnx.split(model)
+    use_cfg = negative is not None and guidance != 1.0
+    run = _compiled_probe(graphdef, plan, float(guidance), use_cfg, model_input)
+    return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool, model_input):
+    from vidax.dvg.selector import measure
+
+    @jax.jit
+    def run(state, noise, cond, negative):
+        model = nnx.merge(graphdef, state)
+        velocity = model_velocity(model, cond, negative, guidance, model_input)
+        x0 = run_stage(velocity, stage_noise(noise, plan, 0, None), plan, 0)
+        return x0, measure(x0)
+
+    return run
+
+
+# -- accel modes: none / spatial / temporal / joint / dvg -----------------------------------------
+
+ACCEL_MODES = ("none", "spatial", "temporal", "joint", "dvg")
+DEFAULT_BUDGET = 1 / 3
+
+
+def accelerate(
+    model: nnx.Module,
+    noise: jax.Array,
+    cond,
+    negative,
+    *,
+    solver,
+    guidance: float,
+    accel: str = "dvg",
+    budget: float = DEFAULT_BUDGET,
+    policy=None,
+    key: jax.Array | None = None,
+    model_input: Callable[[jax.Array], jax.Array] | None = None,
+    on_step: Callable[[int], None] | None = None,
+    **options,
+) -> tuple[jax.Array, list]:
+    """Denoises with a reduced-grid schedule picked per video; returns (latents, choices).
+
+    Args:
+      model: a DiT with a `config` (patch size, FLOP model) accepting `positions`.
+      noise: (b, t, h, w, c) starting noise.
+      cond / negative / guidance / model_input: as `vidax.pipeline.denoise`.
+      solver: the base solver (its steps and shift define the full-resolution run).
+      accel: "dvg" (probe + content-aware selector), "spatial" / "temporal" / "joint" (the best
+        schedule of that family for the budget, independent of content), or "none" (the base
+        sampler, exactly).
+      budget: compute to spend as a fraction of the full sampler's FLOPs, in (0, 1]
+        (1/3 ~ 3x faster); the probe's cost counts against it.
+      policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
+      key: PRNG key for `noise="fresh"` plans.
+      on_step: host callback per step (base-schedule step index).
+      **options: `plan` options (temporal, spatial, rope, noise).
+
+    Returns:
+      (latents (b, t, h, w, c) float32, one `vidax.dvg.Choice` per video).
+    """
+    from vidax.dvg import selector
+    from vidax.dvg.cost import step_flops
+    from vidax.dvg.schedule import Schedule, plan
+
+    if accel not in ACCEL_MODES:
+        raise ValueError(f"accel must be one of {ACCEL_MODES}, got {accel!r}")
+    if not 0 < budget <= 1:
+        raise ValueError(f"budget must be in (0, 1], got {budget}")
+    policy = policy or selector.DEFAULT_POLICY
+    config = model.config
+    latent = tuple(noise.shape[1:4])
+    n = solver.num_steps
+    batch = noise.shape[0]
+    patch = tuple(config.patch_size)
+    make_plan = functools.partial(
+        plan,
+        latent=latent,
+        patch=patch,
+        solver=solver,
+        multiple=_mesh_multiple(),
+        **options,
+    )
+    run = functools.partial(
+        denoise, model, guidance=guidance, key=key, model_input=model_input, on_step=on_step
+    )
+
+    def cost(shape):
+        return step_flops(config, shape)
+
+    if accel == "none" or budget >= 1:
+        full = Schedule.full(n)
+        latents = run(noise, cond, negative, plan=make_plan(full))
+        return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
+
+    probe_schedule = _probe_schedule(latent, patch, n, policy) if accel == "dvg" else None
+    if accel != "dvg" or probe_schedule is None:
+        family = "joint" if accel == "dvg" else accel
+        found = selector.candidates(
+            latent, patch, n, budget, cost, policy=policy, families=(family,)
+        )
+        if not found:
+            raise ValueError(
+                f"no {family} schedule of {n} steps fits the budget {budget:.3g} for latent "
+                f"{latent}; raise the budget or the steps"
+            )
+        choice = selector.choose(found, None, latent, solver.sigmas, policy=policy)
+        latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
+        return latents, [choice] * batch
+
+    probe_plan = make_plan(probe_schedule)
+    first = probe_schedule.stages[0]
+    probe_cost = first.steps * cost(probe_plan.stages[0].shape) / (n * cost(latent))
+    found = selector.candidates(latent, patch, n, budget - probe_cost, cost, policy=policy)
+    x0, signals = probe(
+        model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
+    )
+    choices = []
+    for row in np.asarray(signals):
+        measured = (float(row[0]), float(row[1]))
+        if found:
+            choices.append(selector.choose(found, measured, latent, solver.sigmas, policy=policy))
+        else:
+            choices.append(selector.Choice("none", Schedule.full(n), 1.0, 0.0, measured))
+    groups: dict[Schedule, list[int]] = {}
+    for i, c in enumerate(choices):
+        groups.setdefault(c.schedule, []).append(i)
+    parts = {}
+    for schedule, rows in groups.items():
+        idx = np.asarray(rows)
+        # The probe is this schedule's first stage: resume from its clean prediction.
+        resume = len(schedule.stages) > 1 and schedule.stages[0] == first
+        parts[schedule] = run(
+            noise[idx],
+            _take(idx, cond),
+            None if negative is None else _take(idx, negative),
+            plan=make_plan(schedule),
+            x0=x0[idx] if resume else None,
+            start_stage=1 if resume else 0,
+        )
+    if len(groups) == 1:
+        return parts[choices[0].schedule], choices
+    order = np.argsort(np.concatenate([np.asarray(rows) for rows in groups.values()]))
+    return jnp.concatenate(list(parts.values()), axis=0)[order], choices
+
+
+def _probe_schedule(latent, patch, num_steps: int, policy):
+    """[(probe grid, probe steps), (full, rest)], or None when no axis can be reduced.
+
+    The probe grid is the coarsest one that still shows motion and detail: at least
+    `_PROBE_MIN_FRAMES` frames (a temporal difference needs two, an interpolation residual
+    three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band needs four).
+    """
+    from vidax.dvg.schedule import Schedule, reduced_shape
+    from vidax.dvg.selector import ladders
+
+    grids = [ladder[0] for family in ladders(latent, patch, policy).values() for ladder in family]
+    grids = [
+        f
+        for f in grids
+        if f != (1, 1)
+        and reduced_shape(latent, f)[0] >= min(latent[0], _PROBE_MIN_FRAMES)
+        and min(reduced_shape(latent, f)[1:]) >= min(*latent[1:], _PROBE_MIN_SIZE)
+    ]
+    if not grids or num_steps < 2:
+        return None
+    ft, fs = max(grids, key=lambda f: (f[0] * f[1] * f[1], f))
+    k = policy.probe_steps(num_steps)
+    return Schedule.of([(ft, fs, k), (1, 1, num_steps - k)])
+
+
+_PROBE_MIN_FRAMES = 3
+_PROBE_MIN_SIZE = 4
+
+
+def _take(idx, tree):
+    return jax.tree.map(lambda a: a[idx], tree)
+
+
+def _mesh_multiple() -> int:
+    """Token-count multiple for the active mesh's sequence-parallel axis (1 without a mesh)."""
+    from vidax.sharding import current
+
+    active = current()
+    if active is None:
+        return 1
+    mesh, _ = active
+    return int(mesh.shape.get("seq", 1))

@@ -1,0 +1,287 @@
+"""The content-aware selector: which grids to run, and for how many steps, for one video.
+
+1. **Probe.** The first steps of the base schedule run on the coarsest grid (`Policy.probe`
+   of the steps, a few percent of the compute); their last update returns the clean prediction
+   x0 (`vidax.dvg.sampler.probe`).
+2. **Signals** of that x0 (`measure`), both scale-free ratios in [0, 1]:
+   - motion m: the mean energy of temporal differences of x0, as a fraction of its variance
+     (0 for a still scene, about 1 for unrelated frames);
+   - detail d: the spatial spectral energy above half the Nyquist frequency (in either axis), as
+     a fraction of the non-DC energy: what a 2x coarser grid cannot represent, measured at the
+     finest scale the probe sees (a self-similar spectrum puts the same fraction one scale up).
+3. **Candidates.** Ladders of nested grids ending at full resolution: spatial-only
+   (1, s) -> (1, 1), temporal-only (t, 1) -> (1, 1), joint (t, s) -> (1, 1) and the joint ladders
+   that restore one axis first, with 2x/4x factors that divide the latent; for each ladder,
+   every split of the steps that costs at most the budget (analytic FLOPs, `vidax.dvg.cost`).
+4. **Predicted loss** of a candidate. A transition that refines axis a from reduction g to g'
+   (g = the fraction of that axis' samples a grid drops: 1 - t'/t, 1 - h'w'/hw) at re-noise
+   level sigma' leaves the interpolation error of the dropped samples in the latent. The next
+   stage repaints what the noise drowns; what survives is the signal share
+   kappa(sigma') = (1 - sigma')^2 / ((1 - sigma')^2 + sigma'^2). So
+
+       loss = sum over transitions of kappa(sigma') * (w_t m (g_t - g_t') + w_s d (g_s - g_s')).
+
+   The selector picks the feasible candidate with the smallest predicted loss (cheaper on
+   ties), or no reduction when even that loss exceeds `Policy.tolerance`. A still scene (m ~ 0)
+   gets the strongest temporal reduction the budget allows; fast motion keeps its frames and
+   reduces space. The weights are fixed (one default policy, calibrated offline on training
+   clips, never per video); the budget is the only user preference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from vidax.dvg.schedule import Schedule, reduced_shape
+from vidax.sampling import shift_sigmas
+
+FAMILIES = ("none", "spatial", "temporal", "joint")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The selector's fixed constants (one default policy; not a per-video knob).
+
+    Attributes:
+      probe: fraction of the steps the probe runs on the coarsest grid (at least one step).
+      motion_weight / detail_weight: w_t, w_s of the predicted loss.
+      tolerance: predicted loss above which no reduction is chosen.
+      min_full: minimum fraction of the steps at full resolution (at least one step).
+      factors: reduction factors to consider per axis (those dividing the latent are used).
+      default_signals: (motion, detail) assumed without a probe (fixed strategies).
+    """
+
+    probe: float = 0.25
+    motion_weight: float = 1.0
+    detail_weight: float = 1.0
+    tolerance: float = math.inf
+    min_full: float = 0.1
+    factors: tuple[int, ...] = (2, 4, 8)
+    default_signals: tuple[float, float] = (0.5, 0.5)
+
+    def __post_init__(self):
+        if not 0 < self.probe < 1:
+            raise ValueError(f"Policy.probe must be in (0, 1), got {self.probe}")
+        if not 0 <= self.min_full < 1:
+            raise ValueError(f"Policy.min_full must be in [0, 1), got {self.min_full}")
+        if self.motion_weight < 0 or self.detail_weight < 0:
+            raise ValueError("Policy weights must be >= 0")
+        if not self.factors or any(f < 2 for f in self.factors):
+            raise ValueError(f"Policy.factors must be ints >= 2, got {self.factors}")
+
+    def probe_steps(self, num_steps: int) -> int:
+        return max(1, min(num_steps - 1, round(self.probe * num_steps)))
+
+
+DEFAULT_POLICY = Policy()
+
+
+# -- signals --------------------------------------------------------------------------------------
+
+
+def measure(x0: Float[Array, "b t h w c"]) -> Float[Array, "b 2"]:
+    """(motion, detail) of each video's clean prediction (see the module docstring).
+
+    Args:
+      x0: (b, t, h, w, c) latent.
+
+    Returns:
+      (b, 2) float32: motion energy and high-frequency detail, each in [0, 1].
+    """
+    x = x0.astype(jnp.float32)
+    mean = x.mean(axis=(1, 2, 3), keepdims=True)
+    var = x.var(axis=(1, 2, 3), keepdims=True)
+    z = (x - mean) * jax.lax.rsqrt(var + 1e-12)
+    if z.shape[1] > 1:
+        motion = 0.5 * jnp.mean(jnp.square(z[:, 1:] - z[:, :-1]), axis=(1, 2, 3, 4))
+    else:
+        motion = jnp.zeros(z.shape[0], jnp.float32)
+    frames = z - z.mean(axis=(2, 3), keepdims=True)
+    power = jnp.square(jnp.abs(jnp.fft.fft2(frames, axes=(2, 3))))
+    fy = jnp.abs(jnp.fft.fftfreq(z.shape[2]))[:, None]
+    fx = jnp.abs(jnp.fft.fftfreq(z.shape[3]))[None, :]
+    high = (jnp.maximum(fy, fx) >= 0.25)[None, None, :, :, None]
+    total = power.sum(axis=(1, 2, 3, 4))
+    detail = jnp.where(high, power, 0.0).sum(axis=(1, 2, 3, 4)) / (total + 1e-12)
+    return jnp.clip(jnp.stack([motion, detail], axis=-1), 0.0, 1.0)
+
+
+# -- candidates -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A schedule the selector can choose, with its family and relative cost."""
+
+    family: str
+    schedule: Schedule
+    cost: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The selector's decision for one video."""
+
+    family: str
+    schedule: Schedule
+    cost: float
+    predicted_loss: float
+    signals: tuple[float, float] | None
+
+
+def ladders(
+    latent: tuple[int, int, int],
+    patch: tuple[int, int, int] = (1, 1, 1),
+    policy: Policy = DEFAULT_POLICY,
+) -> dict[str, list[tuple[tuple[int, int], ...]]]:
+    """Grid ladders (coarse to fine, ending at (1, 1)) per family for a (t, h, w) latent.
+
+    A factor is used when it divides the latent and leaves at least two frames (temporal) or
+    one patch (spatial).
+    """
+    t, h, w = latent
+    ts = [f for f in policy.factors if t > 1 and (t - 1) % f == 0]
+    ss = [f for f in policy.factors if h % f == 0 and w % f == 0]
+    ss = [f for f in ss if h // f >= patch[1] and w // f >= patch[2]]
+    out: dict[str, list] = {"none": [((1, 1),)], "spatial": [], "temporal": [], "joint": []}
+
+    def refine(f, options):
+        return [g for g in options if g < f and f % g == 0]
+
+    for fs in ss:
+        out["spatial"].append(((1, fs), (1, 1)))
+        out["spatial"] += [((1, fs), (1, g), (1, 1)) for g in refine(fs, ss)]
+    for ft in ts:
+        out["temporal"].append(((ft, 1), (1, 1)))
+        out["temporal"] += [((ft, 1), (g, 1), (1, 1)) for g in refine(ft, ts)]
+    for ft, fs in itertools.product(ts, ss):
+        out["joint"] += [
+            ((ft, fs), (1, 1)),
+            ((ft, fs), (1, fs), (1, 1)),
+            ((ft, fs), (ft, 1), (1, 1)),
+        ]
+        out["joint"] += [((ft, fs), (g, fs), (1, 1)) for g in refine(ft, ts)]
+        out["joint"] += [((ft, fs), (ft, g), (1, 1)) for g in refine(fs, ss)]
+    return out
+
+
+def _splits(num_grids: int, num_steps: int, min_last: int):
+    """All step counts (n_1, ..., n_k) >= 1 summing to num_steps with n_k >= min_last."""
+    if num_grids == 1:
+        yield (num_steps,)
+        return
+    for head in itertools.product(range(1, num_steps), repeat=num_grids - 1):
+        last = num_steps - sum(head)
+        if last >= max(1, min_last):
+            yield (*head, last)
+
+
+def candidates(
+    latent: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    num_steps: int,
+    budget: float,
+    step_cost: Callable[[tuple[int, int, int]], float],
+    *,
+    policy: Policy = DEFAULT_POLICY,
+    families: Sequence[str] = FAMILIES,
+) -> list[Candidate]:
+    """Every schedule of the allowed families whose relative cost is within the budget.
+
+    Args:
+      latent: full (t, h, w).
+      patch: the DiT's patch (reduced grids keep at least one patch).
+      num_steps: N, the base sampler's steps.
+      budget: maximum cost as a fraction of the full sampler (1 admits only "none").
+      step_cost: FLOPs of one step on a (t', h', w') latent (e.g. `vidax.dvg.step_flops`).
+      policy: factors and minimum full-resolution steps.
+      families: subset of `FAMILIES`.
+
+    Returns:
+      Candidates (possibly empty), "none" included when allowed and budget >= 1.
+    """
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown families {sorted(unknown)}; choose from {FAMILIES}")
+    full = step_cost(latent)
+    min_last = max(1, math.ceil(policy.min_full * num_steps))
+    out = []
+    for family, family_ladders in ladders(latent, patch, policy).items():
+        if family not in families:
+            continue
+        for ladder in family_ladders:
+            costs = [step_cost(reduced_shape(latent, f)) / full for f in ladder]
+            for split in _splits(len(ladder), num_steps, min_last):
+                cost = sum(c * n for c, n in zip(costs, split, strict=True)) / num_steps
+                if cost <= budget + 1e-9:
+                    stages = tuple((*f, n) for f, n in zip(ladder, split, strict=True))
+                    out.append(Candidate(family, Schedule.of(stages), cost))
+    return out
+
+
+# -- predicted loss and choice --------------------------------------------------------------------
+
+
+def _signal_share(sigma: np.ndarray) -> np.ndarray:
+    return (1 - sigma) ** 2 / ((1 - sigma) ** 2 + sigma**2)
+
+
+def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> tuple[float, float]:
+    """(temporal, spatial) loss coefficients of a candidate: sum of kappa * drop."""
+    t, h, w = latent
+    full = t * h * w
+    coef_t = coef_s = 0.0
+    step = 0
+    stages = candidate.schedule.stages
+    for prev, nxt in itertools.pairwise(stages):
+        step += prev.steps
+        shape_prev = reduced_shape(latent, prev.factors)
+        shape_next = reduced_shape(latent, nxt.factors)
+        sigma = shift_sigmas(base_sigmas[step], math.sqrt(math.prod(shape_next) / full))
+        kappa = float(_signal_share(np.float64(sigma)))
+        coef_t += kappa * (shape_next[0] - shape_prev[0]) / t
+        coef_s += kappa * (shape_next[1] * shape_next[2] - shape_prev[1] * shape_prev[2]) / (h * w)
+    return coef_t, coef_s
+
+
+def choose(
+    candidates_: Sequence[Candidate],
+    signals: tuple[float, float] | None,
+    latent: tuple[int, int, int],
+    base_sigmas,
+    *,
+    policy: Policy = DEFAULT_POLICY,
+) -> Choice:
+    """The candidate with the smallest predicted loss (cheapest on ties).
+
+    Args:
+      candidates_: from `candidates` (non-empty).
+      signals: the probe's (motion, detail), or None for `policy.default_signals`.
+      latent: full (t, h, w).
+      base_sigmas: (N+1,) the base solver's sigmas.
+      policy: weights and tolerance.
+    """
+    if not candidates_:
+        raise ValueError("no candidate schedule fits the budget")
+    m, d = policy.default_signals if signals is None else signals
+    sigmas = np.asarray(base_sigmas, np.float64)
+    best = None
+    for c in candidates_:
+        coef_t, coef_s = _terms(c, latent, sigmas)
+        loss = policy.motion_weight * m * coef_t + policy.detail_weight * d * coef_s
+        key = (round(loss, 12), c.cost)
+        if best is None or key < best[0]:
+            best = (key, c, loss)
+    _, c, loss = best
+    if loss > policy.tolerance and c.family != "none":
+        n = c.schedule.num_steps
+        return Choice("none", Schedule.full(n), 1.0, 0.0, None if signals is None else (m, d))
+    return Choice(c.family, c.schedule, c.cost, float(loss), None if signals is None else (m, d))
