@@ -4,14 +4,16 @@
     video.frames  # (F, H, W, 3) float32 in [0, 1]
 
 All families go through `denoise`: one `jax.jit` around the whole sampler loop (`lax.fori_loop`),
-classifier-free guidance batched into one forward per step. A family only has to accept
-`model(x, timestep, **conditioning)`.
+classifier-free guidance batched into one forward per step. What differs between families is
+confined to a small `Adapter` (how text embeddings become model keyword arguments, and how a latent
+becomes the model input), so no family copies the loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import sampling
-from vidax.models.registry import ModelSpec, get
+from vidax.models.registry import ModelSpec, get, get_vae
 
 Conditioning = dict[str, Any]
 ASSETS = Path(__file__).parent / "assets"
@@ -33,12 +35,32 @@ ASSETS = Path(__file__).parent / "assets"
 
 @dataclasses.dataclass(frozen=True)
 class Video:
-    """A generated clip: frames (F, H, W, 3) float32 in [0, 1] (None without a VAE), latents
-    (b, t, h, w, c) float32, and the frame rate to write it at."""
+    """A generated clip: frames (F, H, W, 3) float32 in [0, 1] (b > 1: (b, F, H, W, 3); None
+    without a VAE), latents (b, t, h, w, c) float32, and the frame rate to write it at."""
 
     frames: np.ndarray | None
     latents: np.ndarray
     fps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptEmbeds:
+    """Text conditioning before it is shaped for a family.
+
+    embeds: (b, s, d) token embeddings, zero past each prompt's end; mask: (b, s) bool;
+    pooled: (b, p) pooled embedding for families that use one (HunyuanVideo), else None.
+    """
+
+    embeds: jax.Array
+    mask: jax.Array
+    pooled: jax.Array | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.embeds.shape[0]
+
+
+# -- latent geometry ------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,67 +90,168 @@ class LatentGeometry:
         return t, height // ss, width // ss, self.channels
 
 
+def latent_channels(spec: ModelSpec) -> int:
+    """Channels of the latent being denoised (inputs may add condition channels)."""
+    return getattr(spec.config, "latent_channels", spec.config.in_channels)
+
+
 def geometry(spec: ModelSpec) -> LatentGeometry:
-    """The latent geometry of a preset (its VAE's strides, or Wan's 4x8x8 without a VAE)."""
+    """The latent geometry of a preset (its VAE's strides, or 4x8x8 without a VAE)."""
     temporal, spatial = 4, 8
+    channels = latent_channels(spec)
     if spec.vae is not None:
-        vae_config = _vae_config(spec.vae)
-        temporal, spatial = vae_config.temporal_factor, vae_config.spatial_factor
-        if vae_config.z_dim != spec.config.in_channels:
+        vae = get_vae(spec.vae).config
+        temporal, spatial = vae.temporal_factor, vae.spatial_factor
+        if vae.z_dim != channels:
             raise ValueError(
-                f"model {spec.name!r}: VAE {spec.vae!r} has {vae_config.z_dim} latent channels "
-                f"but the transformer expects {spec.config.in_channels}"
+                f"model {spec.name!r}: VAE {spec.vae!r} has {vae.z_dim} latent channels "
+                f"but the transformer denoises {channels}"
             )
     return LatentGeometry(
         temporal_stride=temporal,
         spatial_stride=spatial,
         patch=tuple(spec.config.patch_size),
-        channels=spec.config.in_channels,
+        channels=channels,
     )
 
 
-def _vae_config(name: str):
-    from vidax.models.wan_vae import PRESETS
-
-    if name not in PRESETS:
-        raise ValueError(f"unknown VAE preset {name!r}; known: {sorted(PRESETS)}")
-    return PRESETS[name]
+# -- families -------------------------------------------------------------------------------------
 
 
-# -- conditioning ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """What the shared loop needs to know about one DiT family.
 
-
-def encode_prompts(spec: ModelSpec, prompts: list[str]) -> Conditioning:
-    """Conditioning for `prompts` with the spec's built-in text embedder.
-
-    Presets whose text encoder must be supplied by the user (umT5, LLaVA, ...) take precomputed
-    embeddings instead (`load_prompt_embeds`).
+    conditioning(spec, text, guidance) -> keyword arguments of the model's forward;
+    model_input(spec, x) -> the model's input for latent x (e.g. extra condition channels);
+    embedded_guidance: the family embeds the guidance scale (no CFG batch).
     """
-    if spec.text_encoder != "hashed":
-        raise ValueError(
-            f"model {spec.name!r} needs its text encoder ({spec.text_encoder}); pass precomputed "
-            "prompt embeddings (--prompt-embeds) instead of a prompt"
-        )
-    from vidax.text.hashed import HashedTextEmbedder
 
+    conditioning: Callable[[ModelSpec, PromptEmbeds, float], Conditioning]
+    model_input: Callable[[ModelSpec, jax.Array], jax.Array] = lambda spec, x: x
+    embedded_guidance: Callable[[ModelSpec], bool] = lambda spec: False
+
+
+def _wan_conditioning(spec, text: PromptEmbeds, guidance) -> Conditioning:
+    del spec, guidance  # Wan attends to zero-padded text without a mask
+    return {"context": text.embeds * text.mask[..., None].astype(text.embeds.dtype)}
+
+
+def _hunyuan_conditioning(spec, text: PromptEmbeds, guidance) -> Conditioning:
     c = spec.config
-    embeds, mask = HashedTextEmbedder(dim=c.text_dim, text_len=c.text_len)(prompts)
-    return _conditioning(spec, jnp.asarray(embeds), jnp.asarray(mask))
+    pooled = text.pooled
+    if pooled is None:
+        pooled = jnp.zeros((text.batch, c.pooled_dim), jnp.float32)
+    cond = {"text": text.embeds, "text_mask": text.mask, "pooled": pooled}
+    if c.guidance_embeds:  # guidance-distilled: the scale (x1000) is an input, not a CFG batch
+        cond["guidance"] = jnp.full((text.batch,), 1000.0 * guidance, jnp.float32)
+    return cond
 
 
-def _conditioning(spec: ModelSpec, embeds: jax.Array, mask: jax.Array | None) -> Conditioning:
-    if spec.family == "wan":
-        return {"context": embeds}
-    raise NotImplementedError(f"prompt conditioning for family {spec.family!r}")
+def _hunyuan15_conditioning(spec, text: PromptEmbeds, guidance) -> Conditioning:
+    del spec, guidance
+    return {"text": text.embeds, "text_mask": text.mask}
+
+
+def _hunyuan15_input(spec, x):
+    # Text-to-video: the condition latent and its mask channel are zeros (diffusers
+    # `prepare_cond_latents_and_mask`).
+    extra = spec.config.in_channels - x.shape[-1]
+    return jnp.concatenate([x, jnp.zeros((*x.shape[:-1], extra), x.dtype)], axis=-1)
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "wan": Adapter(_wan_conditioning),
+    "hunyuanvideo": Adapter(
+        _hunyuan_conditioning, embedded_guidance=lambda spec: spec.config.guidance_embeds
+    ),
+    "hunyuanvideo15": Adapter(_hunyuan15_conditioning, model_input=_hunyuan15_input),
+}
+
+
+def adapter(spec: ModelSpec) -> Adapter:
+    try:
+        return ADAPTERS[spec.family]
+    except KeyError:
+        raise ValueError(f"no pipeline adapter for family {spec.family!r}") from None
+
+
+# -- text -----------------------------------------------------------------------------------------
+
+
+def embed_prompts(
+    spec: ModelSpec, prompts: list[str], checkpoint: str | os.PathLike | None = None
+) -> PromptEmbeds:
+    """Prompt embeddings with the spec's text encoder.
+
+    "hashed" presets use the built-in embedder. Wan presets use umT5 when `checkpoint` is a
+    diffusers pipeline folder with `text_encoder/` and `tokenizer/`. Other encoders (LLaVA, Qwen)
+    are not ported: pass precomputed embeddings (`load_prompt_embeds`).
+    """
+    c = spec.config
+    if spec.text_encoder == "hashed":
+        from vidax.text.hashed import HashedTextEmbedder
+
+        embeds, mask = HashedTextEmbedder(dim=c.text_dim, text_len=c.text_len)(prompts)
+        pooled = None
+        pooled_dim = getattr(c, "pooled_dim", None)
+        if pooled_dim is not None:  # a pooled vector: mean of the words' embeddings
+            words, wmask = HashedTextEmbedder(dim=pooled_dim, text_len=c.text_len)(prompts)
+            count = np.maximum(wmask.sum(1, keepdims=True), 1)
+            pooled = jnp.asarray((words * wmask[..., None]).sum(1) / count, jnp.float32)
+        return PromptEmbeds(jnp.asarray(embeds), jnp.asarray(mask), pooled)
+    root = Path(checkpoint) if checkpoint is not None else None
+    if (
+        spec.text_encoder.startswith("umt5")
+        and root is not None
+        and (root / "text_encoder").is_dir()
+    ):
+        return _umt5_embeds(spec, prompts, root)
+    raise ValueError(
+        f"model {spec.name!r} needs its text encoder ({spec.text_encoder}): pass a diffusers "
+        "pipeline folder with text_encoder/ and tokenizer/ (umT5 only) or precomputed prompt "
+        "embeddings (--prompt-embeds)"
+    )
+
+
+def _umt5_embeds(spec: ModelSpec, prompts: list[str], root: Path) -> PromptEmbeds:
+    from vidax.models import umt5
+    from vidax.text import encode_prompts_with_lengths
+
+    config_file = root / "text_encoder" / "config.json"
+    if config_file.exists():
+        config = umt5.from_hf_config(json.loads(config_file.read_text()), dtype="float32")
+    else:
+        config = umt5.PRESETS[spec.text_encoder]
+    if config.d_model != spec.config.text_dim:
+        raise ValueError(
+            f"text encoder width {config.d_model} != transformer text_dim {spec.config.text_dim}"
+        )
+    encoder = _cached_umt5(str(root / "text_encoder"), config)
+    tokenizer = umt5.Tokenizer(root / "tokenizer")
+    embeds, lengths = encode_prompts_with_lengths(
+        encoder, tokenizer, prompts, max_length=spec.config.text_len
+    )
+    mask = np.arange(spec.config.text_len)[None] < lengths[:, None]
+    return PromptEmbeds(jnp.asarray(embeds), jnp.asarray(mask))
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_umt5(path: str, config):
+    from vidax.models import umt5
+
+    return umt5.load(path, config)
 
 
 def load_prompt_embeds(
     path: str | os.PathLike, spec: ModelSpec
-) -> tuple[jax.Array, jax.Array | None]:
-    """Reads precomputed prompt embeddings (`.npy`, or `.safetensors` with key `prompt_embeds`
-    and optionally `negative_prompt_embeds`), padded/truncated to the model's text length.
+) -> tuple[PromptEmbeds, PromptEmbeds | None]:
+    """Reads precomputed prompt embeddings, fitted to the model's text length.
 
-    Returns (embeds (b, s, d), negative (b, s, d) or None).
+    `.npy`: (b, s, d) or (s, d) embeddings. `.safetensors`: `prompt_embeds` and optionally
+    `prompt_mask`, `pooled_prompt_embeds` and the same with a `negative_` prefix.
+
+    Returns (prompt, negative prompt or None).
     """
     path = Path(path)
     if not path.exists():
@@ -141,26 +264,53 @@ def load_prompt_embeds(
         reader = open_checkpoint(path)
         if "prompt_embeds" not in reader:
             raise ValueError(f"{path}: expected a 'prompt_embeds' tensor, found {sorted(reader)}")
-        arrays = {k: np.asarray(reader[k], np.float32) for k in reader}
+        arrays = {k: np.asarray(reader[k]) for k in reader}
     else:
         raise ValueError(f"{path}: prompt embeddings must be .npy or .safetensors")
-    out = [_fit_text(arrays["prompt_embeds"], spec, path)]
-    neg = arrays.get("negative_prompt_embeds")
-    out.append(None if neg is None else _fit_text(neg, spec, path))
-    return out[0], out[1]
+
+    def read(prefix: str) -> PromptEmbeds | None:
+        if f"{prefix}prompt_embeds" not in arrays:
+            return None
+        return fit_prompt_embeds(
+            spec,
+            arrays[f"{prefix}prompt_embeds"],
+            arrays.get(f"{prefix}prompt_mask"),
+            arrays.get(f"{prefix}pooled_prompt_embeds"),
+            source=str(path),
+        )
+
+    return read(""), read("negative_")
 
 
-def _fit_text(x: np.ndarray, spec: ModelSpec, path) -> jax.Array:
+def fit_prompt_embeds(
+    spec: ModelSpec, embeds, mask=None, pooled=None, *, source: str = "prompt_embeds"
+) -> PromptEmbeds:
+    """Validates (b, s, d) or (s, d) embeddings and pads/truncates them to `text_len`.
+
+    Without a mask, rows that are entirely zero count as padding.
+    """
     c = spec.config
-    x = np.asarray(x, np.float32)
+    x = np.asarray(embeds, np.float32)
     if x.ndim == 2:
         x = x[None]
     if x.ndim != 3 or x.shape[-1] != c.text_dim:
-        raise ValueError(f"{path}: prompt embeddings must be (b, s, {c.text_dim}), got {x.shape}")
+        raise ValueError(f"{source}: prompt embeddings must be (b, s, {c.text_dim}), got {x.shape}")
+    m = (
+        np.any(x != 0, axis=-1)
+        if mask is None
+        else np.asarray(mask).astype(bool).reshape(x.shape[:2])
+    )
     s = min(x.shape[1], c.text_len)
     out = np.zeros((x.shape[0], c.text_len, c.text_dim), np.float32)
-    out[:, :s] = x[:, :s]
-    return jnp.asarray(out)
+    out_mask = np.zeros((x.shape[0], c.text_len), bool)
+    out[:, :s], out_mask[:, :s] = x[:, :s], m[:, :s]
+    out *= out_mask[..., None]
+    if pooled is not None:
+        pooled = np.asarray(pooled, np.float32).reshape(x.shape[0], -1)
+        if pooled.shape[-1] != getattr(c, "pooled_dim", -1):
+            raise ValueError(f"{source}: pooled embeddings of shape {pooled.shape} do not fit")
+        pooled = jnp.asarray(pooled)
+    return PromptEmbeds(jnp.asarray(out), jnp.asarray(out_mask), pooled)
 
 
 # -- denoising ------------------------------------------------------------------------------------
@@ -174,33 +324,37 @@ def denoise(
     *,
     solver,
     guidance: float,
+    model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
     """Runs the full sampler loop under one jit; returns the final latent (float32).
 
     Args:
-      model: a DiT called as `model(x, timestep (b,), **cond)`.
+      model: a DiT called as `model(model_input(x), timestep (b,), **cond)`.
       noise: (b, t, h, w, c) starting noise.
       cond / negative: conditioning pytrees with batch b (negative None disables CFG).
       solver: a `vidax.sampling` solver.
       guidance: classifier-free guidance scale (1 disables CFG).
+      model_input: maps the latent to the model input (default: identity).
       on_step: host callback after each step (progress bars).
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, on_step)
+    run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, model_input, on_step)
     return run(state, noise, cond, negative if use_cfg else None)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, on_step):
+def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input, on_step):
+    prepare = model_input or (lambda x: x)
+
     @jax.jit
     def run(state, noise, cond, negative):
         model = nnx.merge(graphdef, state)
 
         def model_fn(x, t, c):
             timestep = jnp.full((x.shape[0],), t, jnp.float32)
-            return model(x, timestep, **c).astype(jnp.float32)
+            return model(prepare(x), timestep, **c).astype(jnp.float32)
 
         if use_cfg:
             velocity = sampling.classifier_free_guidance(model_fn, cond, negative, guidance)
@@ -243,19 +397,17 @@ def load_transformer(
 
 
 def load_vae(spec: ModelSpec, checkpoint: str | os.PathLike | None):
-    """The spec's VAE from `<checkpoint>/vae`, its shipped weights, or None."""
+    """The spec's VAE from `<checkpoint>/vae`, its shipped weights, or (warning) random weights."""
     if spec.vae is None:
         return None
-    from vidax.models import wan_vae
-
-    config = _vae_config(spec.vae)
+    vae = get_vae(spec.vae)
     if checkpoint is not None and (Path(checkpoint) / "vae").is_dir():
-        return wan_vae.load(Path(checkpoint) / "vae", config)
+        return vae.loader(Path(checkpoint) / "vae", vae.config)
     shipped = _shipped(spec, "vae.safetensors")
     if shipped is not None:
-        return wan_vae.load(shipped, config)
+        return vae.loader(shipped, vae.config)
     warnings.warn(f"no VAE weights for {spec.name!r}: using random initialisation", stacklevel=2)
-    return wan_vae.WanVAE(config, rngs=nnx.Rngs(0))
+    return vae.build(seed=0)
 
 
 def _shipped(spec: ModelSpec, filename: str) -> Path | None:
@@ -265,6 +417,18 @@ def _shipped(spec: ModelSpec, filename: str) -> Path | None:
     return path if path.exists() else None
 
 
+def decode(vae, latents: jax.Array) -> np.ndarray:
+    """VAE-decodes (b, t, h, w, c) latents to (b, F, H, W, 3) float32 frames in [0, 1]."""
+    graphdef, state = nnx.split(vae)
+    pixels = _compiled_decode(graphdef)(state, latents)
+    return np.asarray((jnp.clip(pixels, -1.0, 1.0) + 1.0) / 2.0, np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_decode(graphdef):
+    return jax.jit(lambda state, z: nnx.merge(graphdef, state).decode(z))
+
+
 # -- the user-facing call -------------------------------------------------------------------------
 
 
@@ -272,9 +436,9 @@ def generate(
     model: str | ModelSpec,
     prompt: str | list[str] | None = None,
     *,
-    prompt_embeds: jax.Array | np.ndarray | None = None,
+    prompt_embeds: PromptEmbeds | jax.Array | np.ndarray | None = None,
     negative_prompt: str = "",
-    negative_prompt_embeds: jax.Array | np.ndarray | None = None,
+    negative_prompt_embeds: PromptEmbeds | jax.Array | np.ndarray | None = None,
     num_frames: int | None = None,
     height: int | None = None,
     width: int | None = None,
@@ -286,27 +450,33 @@ def generate(
     checkpoint: str | os.PathLike | None = None,
     transformer: nnx.Module | None = None,
     vae=None,
-    decode: bool = True,
+    decode_frames: bool = True,
     mesh: Mesh | None = None,
     strategy: str | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> Video:
-    """Generates a video from a prompt (built-in text embedder) or precomputed embeddings.
+    """Generates a video from a prompt or precomputed embeddings.
 
     Args:
       model: preset name or `ModelSpec`.
-      prompt / prompt_embeds: exactly one; embeddings are (b, s, text_dim) or (s, text_dim).
+      prompt / prompt_embeds: exactly one; embeddings are `PromptEmbeds` or arrays
+        (b, s, text_dim) / (s, text_dim).
       negative_prompt / negative_prompt_embeds: the CFG unconditional branch.
-      num_frames, height, width: pixel video size (frames 4k+1, sizes multiples of 16 for Wan).
+      num_frames, height, width: pixel video size (checked against the VAE and patch).
       steps, guidance, shift, sampler: sampling settings (default: the preset's).
       seed: noise seed.
-      checkpoint: diffusers-layout weights (default: shipped weights).
+      checkpoint: diffusers-layout pipeline folder or transformer weights (default: shipped).
       transformer / vae: already-built models (skip loading).
-      decode: decode latents to frames with the VAE.
+      decode_frames: decode latents to frames with the VAE.
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
       on_step: host callback per denoising step.
     """
     spec = get(model) if isinstance(model, str) else model
+    family = adapter(spec)
+    if mesh is not None:
+        from vidax.sharding import auto_mesh
+
+        mesh = auto_mesh(mesh)
     d = spec.defaults
     num_frames = d.num_frames if num_frames is None else num_frames
     height, width = d.height if height is None else height, d.width if width is None else width
@@ -321,59 +491,68 @@ def generate(
         raise ValueError("pass exactly one of prompt and prompt_embeds")
     if prompt is not None:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        cond = encode_prompts(spec, prompts)
-        negative = encode_prompts(spec, [negative_prompt] * len(prompts))
+        text = embed_prompts(spec, prompts, checkpoint)
+        neg_text = embed_prompts(spec, [negative_prompt] * len(prompts), checkpoint)
     else:
-        embeds = _fit_text(np.asarray(prompt_embeds), spec, "prompt_embeds")
-        cond = _conditioning(spec, embeds, None)
+        text = _as_embeds(spec, prompt_embeds)
         if negative_prompt_embeds is not None:
-            neg = _fit_text(np.asarray(negative_prompt_embeds), spec, "negative_prompt_embeds")
-        else:
-            neg = jnp.zeros_like(embeds)  # Wan's empty negative prompt is all padding
-        if neg.shape[0] != embeds.shape[0]:
-            neg = jnp.broadcast_to(neg[:1], embeds.shape)
-        negative = _conditioning(spec, neg, None)
-    batch = jax.tree.leaves(cond)[0].shape[0]
+            neg_text = _as_embeds(spec, negative_prompt_embeds)
+        else:  # an empty negative prompt is all padding
+            neg_text = PromptEmbeds(
+                jnp.zeros_like(text.embeds),
+                jnp.zeros_like(text.mask),
+                None if text.pooled is None else jnp.zeros_like(text.pooled),
+            )
+        if neg_text.batch != text.batch:
+            neg_text = jax.tree.map(
+                lambda a: jnp.broadcast_to(a[:1], (text.batch, *a.shape[1:])), neg_text
+            )
+    cond = family.conditioning(spec, text, guidance)
+    negative = None
+    if not family.embedded_guidance(spec):
+        negative = family.conditioning(spec, neg_text, guidance)
+    cfg_scale = 1.0 if family.embedded_guidance(spec) else guidance
 
     solver = sampling.make_solver(sampler or d.sampler, steps, shift)
-    noise = jax.random.normal(jax.random.key(seed), (batch, *shape), jnp.float32)
+    noise = jax.random.normal(jax.random.key(seed), (text.batch, *shape), jnp.float32)
     if transformer is None:
         transformer = load_transformer(spec, checkpoint, mesh=mesh, strategy=strategy)
+    model_input = None
+    if family.model_input is not ADAPTERS["wan"].model_input:
+        model_input = functools.partial(family.model_input, spec)
+    run = functools.partial(
+        denoise,
+        transformer,
+        solver=solver,
+        guidance=cfg_scale,
+        model_input=model_input,
+        on_step=on_step,
+    )
     if mesh is not None:
         from vidax.sharding import use_mesh
 
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
         noise = jax.device_put(noise, NamedSharding(mesh, PartitionSpec(batch_axes or None)))
         with use_mesh(mesh, strategy or "fsdp"):
-            latents = denoise(
-                transformer,
-                noise,
-                cond,
-                negative,
-                solver=solver,
-                guidance=guidance,
-                on_step=on_step,
-            )
+            latents = run(noise, cond, negative)
     else:
-        latents = denoise(
-            transformer, noise, cond, negative, solver=solver, guidance=guidance, on_step=on_step
-        )
+        latents = run(noise, cond, negative)
 
     frames = None
-    if decode:
+    if decode_frames:
         vae = vae if vae is not None else load_vae(spec, checkpoint)
         if vae is not None:
-            pixels = _decode(vae, latents)
-            frames = np.asarray((jnp.clip(pixels, -1.0, 1.0) + 1.0) / 2.0, np.float32)
+            frames = decode(vae, latents)
             frames = frames[0] if frames.shape[0] == 1 else frames
     return Video(frames=frames, latents=np.asarray(latents), fps=d.fps)
 
 
-def _decode(vae, latents: jax.Array) -> jax.Array:
-    graphdef, state = nnx.split(vae)
-    return _compiled_decode(graphdef)(state, latents)
+jax.tree_util.register_dataclass(
+    PromptEmbeds, data_fields=["embeds", "mask", "pooled"], meta_fields=[]
+)
 
 
-@functools.lru_cache(maxsize=4)
-def _compiled_decode(graphdef):
-    return jax.jit(lambda state, z: nnx.merge(graphdef, state).decode(z))
+def _as_embeds(spec: ModelSpec, value) -> PromptEmbeds:
+    if isinstance(value, PromptEmbeds):
+        return fit_prompt_embeds(spec, value.embeds, value.mask, value.pooled)
+    return fit_prompt_embeds(spec, value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,15 @@ def to_uint8(frames: np.ndarray) -> np.ndarray:
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames must be (F, H, W, 3), got {frames.shape}")
     return np.clip(np.rint(frames * 255.0), 0, 255).astype(np.uint8)
+
+
+@contextlib.contextmanager
+def _quiet_fork():
+    # imageio-ffmpeg starts ffmpeg as a subprocess; JAX warns about any fork, but exec follows
+    # immediately, so no JAX state is used in the child.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        yield
 
 
 class VideoWriter:
@@ -42,13 +53,15 @@ class VideoWriter:
         self.frames_written = 0
 
     def write(self, frames: np.ndarray) -> None:
-        for frame in to_uint8(frames):
-            pad = ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))
-            self._writer.append_data(np.pad(frame, pad, mode="edge"))
-            self.frames_written += 1
+        with _quiet_fork():
+            for frame in to_uint8(frames):
+                pad = ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))
+                self._writer.append_data(np.pad(frame, pad, mode="edge"))
+                self.frames_written += 1
 
     def close(self) -> None:
-        self._writer.close()
+        with _quiet_fork():
+            self._writer.close()
 
     def __enter__(self) -> VideoWriter:
         return self
@@ -68,4 +81,5 @@ def read_video(path: str | os.PathLike) -> np.ndarray:
     """(F, H, W, 3) uint8 frames of a video file (tests and evaluation)."""
     import imageio.v3 as iio
 
-    return np.asarray(iio.imread(path))
+    with _quiet_fork():
+        return np.asarray(iio.imread(path))

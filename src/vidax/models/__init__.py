@@ -4,6 +4,6 @@ spec = vidax.models.get("wan2.1-1.3b")
 model = spec.loader(checkpoint_dir, spec.config)
 """
 
-from vidax.models.registry import ModelSpec, SamplingDefaults, get, names
+from vidax.models.registry import ModelSpec, SamplingDefaults, VAESpec, get, get_vae, names
 
-__all__ = ["ModelSpec", "SamplingDefaults", "get", "names"]
+__all__ = ["ModelSpec", "SamplingDefaults", "VAESpec", "get", "get_vae", "names"]

@@ -191,6 +191,46 @@ def _specs() -> dict[str, ModelSpec]:
     return {s.name: s for s in specs}
 
 
+# VAE families: module implementing <PRESETS>, the model class, and load(path, config).
+_VAE_FAMILIES = {"wan": ("vidax.models.wan_vae", "WanVAE")}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VAESpec:
+    """A VAE preset: config (with `z_dim`, `temporal_factor`, `spatial_factor`), class, loader."""
+
+    name: str
+    family: str
+    config: Any
+
+    @property
+    def module(self) -> type[nnx.Module]:
+        path, cls = _VAE_FAMILIES[self.family]
+        return getattr(importlib.import_module(path), cls)
+
+    @property
+    def loader(self) -> Callable:
+        return importlib.import_module(_VAE_FAMILIES[self.family][0]).load
+
+    def build(self, *, seed: int = 0) -> nnx.Module:
+        return self.module(self.config, rngs=nnx.Rngs(seed))
+
+
+def get_vae(name: str) -> VAESpec:
+    """The VAE preset `name` from any VAE family; a clear error lists the known presets."""
+    known = {}
+    for family, (path, _) in _VAE_FAMILIES.items():
+        try:
+            presets = importlib.import_module(path).PRESETS
+        except ImportError:
+            continue
+        known.update({preset: (family, config) for preset, config in presets.items()})
+    if name not in known:
+        raise ValueError(f"unknown VAE {name!r}; known VAEs: {', '.join(sorted(known))}")
+    family, config = known[name]
+    return VAESpec(name=name, family=family, config=config)
+
+
 _CACHE: dict[str, ModelSpec] | None = None
 
 

@@ -108,3 +108,35 @@ PRESETS: dict[str, UMT5Config] = {
         param_dtype="float32",
     ),
 }
+
+
+_HF_KEYS = {
+    "vocab_size": "vocab_size",
+    "d_model": "d_model",
+    "d_kv": "d_kv",
+    "d_ff": "d_ff",
+    "num_layers": "num_layers",
+    "num_heads": "num_heads",
+    "relative_attention_num_buckets": "relative_attention_num_buckets",
+    "relative_attention_max_distance": "relative_attention_max_distance",
+    "layer_norm_epsilon": "eps",
+}
+
+
+def from_hf_config(config: dict, **overrides) -> UMT5Config:
+    """A `UMT5Config` from a Hugging Face UMT5 `config.json` (as a dict).
+
+    Raises:
+      ValueError: if the config is not a gated-GELU UMT5/T5 encoder.
+    """
+    act = config.get("feed_forward_proj", "gated-gelu")
+    if act != "gated-gelu":
+        raise ValueError(
+            f"only gated-gelu UMT5 encoders are supported, got feed_forward_proj={act!r}"
+        )
+    required = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+    missing = [k for k in required if k not in config]
+    if missing:
+        raise ValueError(f"UMT5 config.json lacks {missing}")
+    kwargs = {ours: config[theirs] for theirs, ours in _HF_KEYS.items() if theirs in config}
+    return UMT5Config(**{**kwargs, **overrides})

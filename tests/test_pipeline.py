@@ -1,0 +1,172 @@
+"""The shared text -> latents -> frames pipeline, end to end on tiny random checkpoints."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax import pipeline
+from vidax.checkpoint import save_file, save_model
+from vidax.models import get, get_vae, wan, wan_vae
+
+pytestmark = pytest.mark.filterwarnings("ignore:no (VAE )?weights")
+SMALL = dict(num_frames=5, height=32, width=32, steps=2)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = get("tiny")
+    return spec, spec.build(seed=3), get_vae(spec.vae).build(seed=4)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tiny, tmp_path_factory):
+    """A diffusers-layout pipeline folder: transformer/ and vae/."""
+    spec, model, vae = tiny
+    root = tmp_path_factory.mktemp("pipe")
+    (root / "transformer").mkdir()
+    (root / "vae").mkdir()
+    save_model(
+        model,
+        root / "transformer" / "diffusion_pytorch_model.safetensors",
+        wan.key_map(spec.config),
+    )
+    wan_vae.save(vae, root / "vae" / "diffusion_pytorch_model.safetensors")
+    return root
+
+
+def test_generate_from_a_checkpoint_folder(tiny, checkpoint_dir):
+    spec, model, vae = tiny
+    video = pipeline.generate("tiny", prompt="a red circle", checkpoint=checkpoint_dir, **SMALL)
+    assert video.frames.shape == (5, 32, 32, 3) and video.frames.dtype == np.float32
+    assert video.frames.min() >= 0.0 and video.frames.max() <= 1.0
+    assert video.latents.shape == (1, *pipeline.geometry(spec).latent_shape(5, 32, 32))
+    same = pipeline.generate("tiny", prompt="a red circle", transformer=model, vae=vae, **SMALL)
+    np.testing.assert_allclose(video.latents, same.latents, atol=1e-5)
+
+
+def test_seed_prompt_and_guidance_change_the_output(tiny):
+    _, model, vae = tiny
+    run = lambda **kw: (
+        pipeline.generate(
+            "tiny",
+            transformer=model,
+            decode_frames=False,
+            **{"prompt": "a red circle", **SMALL, **kw},
+        ).latents
+    )
+    base = run()
+    np.testing.assert_array_equal(base, run())  # deterministic
+    assert np.abs(base - run(seed=1)).max() > 0.1
+    assert np.abs(base - run(prompt="a blue square")).max() > 1e-3
+    assert np.abs(base - run(guidance=1.0)).max() > 1e-3
+    batch = run(prompt=["a red circle", "a blue square"])
+    assert batch.shape[0] == 2
+
+
+def test_precomputed_embeddings_equal_the_prompt_path(tiny, tmp_path):
+    spec, model, _ = tiny
+    text = pipeline.embed_prompts(spec, ["a red circle"])
+    path = tmp_path / "embeds.safetensors"
+    save_file(
+        {"prompt_embeds": np.asarray(text.embeds), "prompt_mask": np.asarray(text.mask)}, path
+    )
+    embeds, negative = pipeline.load_prompt_embeds(path, spec)
+    assert negative is None
+    a = pipeline.generate(
+        "tiny", prompt="a red circle", transformer=model, decode_frames=False, **SMALL
+    )
+    b = pipeline.generate(
+        "tiny", prompt_embeds=embeds, transformer=model, decode_frames=False, **SMALL
+    )
+    np.testing.assert_allclose(a.latents, b.latents, atol=1e-5)
+    np.save(tmp_path / "e.npy", np.asarray(text.embeds[0]))
+    npy, _ = pipeline.load_prompt_embeds(tmp_path / "e.npy", spec)
+    np.testing.assert_array_equal(npy.mask, text.mask)  # zero rows count as padding
+
+
+def test_umt5_text_encoder_from_the_checkpoint_folder(tiny, checkpoint_dir, tmp_path):
+    from tests.text._tokenizers import word_tokenizer_json
+    from vidax.models import umt5
+
+    spec, _, vae = tiny
+    enc_cfg = umt5.PRESETS["tiny"]
+    spec = dataclasses.replace(
+        get("wan2.1-1.3b"),
+        config=dataclasses.replace(spec.config, text_dim=enc_cfg.d_model, text_len=16),
+        vae=spec.vae,
+    )
+    root = tmp_path / "wan"
+    for sub in ("transformer", "vae", "text_encoder", "tokenizer"):
+        (root / sub).mkdir(parents=True)
+    model = spec.build(seed=5)
+    save_model(model, root / "transformer" / "m.safetensors", wan.key_map(spec.config))
+    wan_vae.save(vae, root / "vae" / "m.safetensors")
+    encoder = umt5.UMT5Encoder(
+        dataclasses.replace(enc_cfg, dtype="float32", param_dtype="float32"), rngs=nnx.Rngs(0)
+    )
+    save_model(encoder, root / "text_encoder" / "model.safetensors", umt5.key_map(encoder.config))
+    hf = {
+        k: getattr(enc_cfg, k)
+        for k in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+    }
+    (root / "text_encoder" / "config.json").write_text(json.dumps(hf))
+    word_tokenizer_json(root / "tokenizer" / "tokenizer.json")
+
+    video = pipeline.generate(spec, prompt="a red cube", checkpoint=root, **SMALL)
+    assert video.frames.shape == (5, 32, 32, 3)
+    text = pipeline.embed_prompts(spec, ["a red cube"], root)
+    assert text.mask.sum() == 4  # "a red cube" + EOS
+    other = pipeline.generate(
+        spec, prompt="a blue sphere", checkpoint=root, decode_frames=False, **SMALL
+    )
+    assert np.abs(other.latents - video.latents).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["hunyuanvideo-tiny", "hunyuanvideo1.5-tiny"])
+def test_hunyuan_families_share_the_loop(name):
+    spec = get(name)
+    video = pipeline.generate(name, prompt="a red circle", decode_frames=False, **SMALL)
+    assert video.latents.shape == (1, *pipeline.geometry(spec).latent_shape(5, 32, 32))
+    assert np.isfinite(video.latents).all()
+
+
+def test_sharded_generation_equals_single_device(tiny):
+    _, model, _ = tiny
+    mesh = jax.make_mesh((2, 4), ("data", "seq"))
+    kw = dict(
+        prompt=["a red circle", "a blue square"], transformer=model, decode_frames=False, **SMALL
+    )
+    want = pipeline.generate("tiny", **kw).latents
+    got = pipeline.generate("tiny", mesh=mesh, strategy="fsdp_sp", **kw).latents
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_frames=6), "num_frames must be 4k\\+1"),
+        (dict(height=30), "multiples of 16"),
+        (dict(steps=0), "steps must be"),
+        (dict(prompt=None), "exactly one of prompt"),
+        (dict(prompt=None, prompt_embeds=np.zeros((1, 4, 7))), "must be \\(b, s, 64\\)"),
+        (dict(sampler="ddim"), "unknown"),
+    ],
+)
+def test_bad_requests_raise_clear_errors(tiny, kwargs, message):
+    _, model, _ = tiny
+    args = {"prompt": "x", **SMALL, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        pipeline.generate("tiny", transformer=model, decode_frames=False, **args)
+
+
+def test_unknown_model_and_missing_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'wan3'.*tiny"):
+        pipeline.generate("wan3", prompt="x")
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        pipeline.generate("tiny", prompt="x", checkpoint=tmp_path / "nope", **SMALL)
+    with pytest.raises(ValueError, match="needs its text encoder"):
+        pipeline.generate("wan2.1-1.3b", prompt="x", num_frames=5, height=32, width=32, steps=1)
