@@ -49,7 +49,7 @@ def test_generate_from_a_checkpoint_folder(tiny, checkpoint_dir):
 
 
 def test_seed_prompt_and_guidance_change_the_output(tiny):
-    _, model, vae = tiny
+    _, model, _ = tiny
     run = lambda **kw: (
         pipeline.generate(
             "tiny",
@@ -164,7 +164,7 @@ def test_bad_requests_raise_clear_errors(tiny, kwargs, message):
 
 
 def test_unknown_model_and_missing_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match="unknown model 'wan3'.*tiny"):
+    with pytest.raises(ValueError, match=r"unknown model 'wan3'.*tiny"):
         pipeline.generate("wan3", prompt="x")
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         pipeline.generate("tiny", prompt="x", checkpoint=tmp_path / "nope", **SMALL)
