@@ -30,6 +30,14 @@ def step_flops(config, latent: tuple[int, int, int], *, batch: int = 1) -> float
     patch_in = pt * ph * pw * config.in_channels
     patch_out = pt * ph * pw * config.out_channels
     io = 2 * n * d * (patch_in + patch_out)
+    if hasattr(config, "num_refiner_layers"):  # HunyuanVideo's text refiner (token-independent)
+        r = config.refiner_mlp_dim
+        refiner = 2 * s * config.text_dim * d + config.num_refiner_layers * (
+            2 * s * 4 * d * d + 4 * s * s * d + 4 * s * d * r
+        )
+        io += refiner
+    else:  # Wan's text embedder MLP
+        io += 2 * s * (config.text_dim * d + d * d)
     if hasattr(config, "num_single_layers"):
         f = config.mlp_dim
         joint = n + s

@@ -278,7 +278,8 @@ def plan(
             stage_solver, shift, pad = _solver_like(solver, base[start:]), 1.0, (0, 0, 0)
         else:
             shift = math.sqrt(math.prod(shape) / full_tokens)
-            sigmas = np.append(shift_sigmas(base[start:stop], shift), 0.0)
+            # (clipped: shifting sigma = 1 may round a hair above 1)
+            sigmas = np.append(np.minimum(shift_sigmas(base[start:stop], shift), 1.0), 0.0)
             stage_solver = _solver_like(solver, sigmas)
             pad = _padding(shape, patch, multiple)
         stages.append(

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from vidax.nn import video_positions
 from vidax.sampling import renoise
 
 __all__ = ["downsample", "positions", "renoise", "restrict_noise", "upsample"]
@@ -109,23 +109,27 @@ def upsample(
 
 def positions(
     grid: tuple[int, int, int], factors: tuple[int, int], patch: tuple[int, int, int]
-) -> Float[Array, "l 3"]:
+) -> np.ndarray:
     """RoPE positions (l, 3) of a reduced token grid in full-resolution token coordinates.
 
     A reduced token j covers latent pixels whose centre lies at full-resolution token coordinate
     fs*j + (fs - 1)/2 in h and w, and (temporal patch 1) at frame ft*j, so the model sees the
-    geometry of the full grid at a coarser sampling.
+    geometry of the full grid at a coarser sampling. Built on the host (a compile-time constant).
 
     Args:
       grid: (t', h', w') token grid of the (padded) reduced latent.
       factors: (t_factor, s_factor).
       patch: the DiT's (pt, ph, pw).
+
+    Returns:
+      (t' h' w', 3) float32, row-major like `vidax.nn.video_positions`.
     """
     ft, fs = factors
     pt = patch[0]
-    offset_t = (pt - 1) * (ft - 1) / (2 * pt)
-    return video_positions(
-        *grid,
-        offset=(offset_t, (fs - 1) / 2, (fs - 1) / 2),
-        scale=(float(ft), float(fs), float(fs)),
-    )
+    offsets = ((pt - 1) * (ft - 1) / (2 * pt), (fs - 1) / 2, (fs - 1) / 2)
+    axes = [
+        o + s * np.arange(n, dtype=np.float64)
+        for n, o, s in zip(grid, offsets, (ft, fs, fs), strict=True)
+    ]
+    mesh = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)
+    return mesh.reshape(-1, 3).astype(np.float32)

@@ -1,0 +1,209 @@
+"""The progressive sampler: invariance with the base sampler, one compile per schedule, stage
+shapes and positions, probe resumption, few-step schedules, mesh padding and sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax import dvg, pipeline
+from vidax.models.registry import get
+from vidax.sampling import FlowEuler, UniPC
+from vidax.sharding import make_mesh, param_shardings, use_mesh
+
+LATENT = (5, 8, 8)
+GUIDANCE = 4.0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = get("tiny")
+    model = spec.build(seed=0)
+    family = pipeline.adapter(spec)
+    cond = family.conditioning(spec, pipeline.embed_prompts(spec, ["a red circle"]), GUIDANCE)
+    negative = family.conditioning(spec, pipeline.embed_prompts(spec, [""]), GUIDANCE)
+    channels = spec.config.in_channels
+    noise = jax.random.normal(jax.random.key(0), (1, *LATENT, channels), jnp.float32)
+    return model, cond, negative, noise
+
+
+@pytest.mark.parametrize(
+    "solver", [FlowEuler(num_steps=4, shift=3.0), UniPC(num_steps=4, shift=3.0)], ids=str
+)
+def test_strategy_none_equals_the_base_sampler(tiny, solver):
+    model, cond, negative, noise = tiny
+    base = pipeline.denoise(model, noise, cond, negative, solver=solver, guidance=GUIDANCE)
+    p = dvg.plan(dvg.Schedule.full(4), LATENT, (1, 2, 2), solver)
+    got = dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
+    np.testing.assert_array_equal(got, base)
+    got, choices = dvg.accelerate(
+        model, noise, cond, negative, solver=solver, guidance=GUIDANCE, accel="none"
+    )
+    np.testing.assert_array_equal(got, base)
+    assert choices[0].family == "none" and choices[0].cost == 1.0
+
+
+def test_stages_see_their_grids_and_full_resolution_positions():
+    """A toy velocity records what each stage passes; one trace covers the whole schedule."""
+    solver = FlowEuler(num_steps=6, shift=3.0)
+    schedule = dvg.Schedule.of([(2, 2, 2), (1, 2, 2), (1, 1, 2)])
+    p = dvg.plan(schedule, LATENT, (1, 2, 2), solver)
+    seen, traces = [], []
+
+    def velocity(x, t, pos):
+        seen.append((x.shape[1:4], None if pos is None else np.asarray(pos)))
+        return jnp.sin(x) + t / 1000.0
+
+    @jax.jit
+    def run(noise):
+        traces.append(1)
+        return dvg.sample(velocity, noise, p)
+
+    noise = jax.random.normal(jax.random.key(1), (1, *LATENT, 4), jnp.float32)
+    out = run(noise)
+    run(noise + 1.0)
+    assert len(traces) == 1  # compiled once; shapes change only at stage boundaries
+    assert out.shape == noise.shape and bool(jnp.all(jnp.isfinite(out)))
+    assert [s[0] for s in seen] == [(3, 4, 4), (5, 4, 4), (5, 8, 8)]
+    pos0 = seen[0][1].reshape(3, 2, 2, 3)
+    np.testing.assert_allclose(pos0[:, 0, 0, 0], [0, 2, 4])  # frames 0, 2, 4 of the full grid
+    np.testing.assert_allclose(pos0[0, :, 0, 1], [0.5, 2.5])  # 2x2 block centres
+    assert seen[2][1] is None  # full resolution: the model's default integer grid
+
+
+def test_clean_data_is_reproduced_through_every_transition():
+    """For data that is a single constant latent x*, the exact velocity (x - x*) / sigma makes
+    every stage's clean prediction x*: the output must be x* for any schedule and upsampler."""
+    target = jnp.asarray([0.5, -1.0, 2.0, 0.25], jnp.float32)
+
+    def velocity(x, t, pos):
+        del pos
+        return (x - target) / (t / 1000.0)
+
+    noise = jax.random.normal(jax.random.key(2), (2, *LATENT, 4), jnp.float32)
+    solver = FlowEuler(num_steps=5, shift=3.0)
+    for schedule, spatial in [
+        ([(4, 2, 2), (2, 1, 1), (1, 1, 2)], "cubic"),
+        ([(1, 4, 3), (1, 1, 2)], "lanczos3"),
+        ([(2, 1, 4), (1, 1, 1)], "nearest"),
+    ]:
+        p = dvg.plan(dvg.Schedule.of(schedule), LATENT, (1, 2, 2), solver, spatial=spatial)
+        out = jax.jit(lambda n, p=p: dvg.sample(velocity, n, p))(noise)
+        np.testing.assert_allclose(out, jnp.broadcast_to(target, out.shape), atol=1e-5)
+
+
+def test_fresh_noise_needs_a_key():
+    solver = FlowEuler(num_steps=4, shift=3.0)
+    p = dvg.plan(dvg.Schedule.of([(2, 2, 2), (1, 1, 2)]), LATENT, (1, 2, 2), solver, noise="fresh")
+    noise = jnp.zeros((1, *LATENT, 4), jnp.float32)
+    with pytest.raises(ValueError, match="PRNG key"):
+        dvg.sample(lambda x, t, pos: x, noise, p)
+    a = dvg.sample(lambda x, t, pos: -x, noise, p, key=jax.random.key(0))
+    b = dvg.sample(lambda x, t, pos: -x, noise, p, key=jax.random.key(1))
+    assert float(jnp.max(jnp.abs(a - b))) > 1e-3
+
+
+@pytest.mark.parametrize("accel", ["spatial", "temporal", "joint", "dvg"])
+def test_accel_modes_run_few_step_schedules_within_budget(tiny, accel):
+    model, cond, negative, noise = tiny
+    solver = UniPC(num_steps=4, shift=3.0)
+    out, choices = dvg.accelerate(
+        model, noise, cond, negative, solver=solver, guidance=GUIDANCE, accel=accel, budget=0.6
+    )
+    assert out.shape == noise.shape and bool(jnp.all(jnp.isfinite(out)))
+    (choice,) = choices
+    assert choice.schedule.num_steps == 4 and choice.cost <= 0.6
+    if accel != "dvg":
+        assert choice.family == accel
+    else:
+        assert choice.signals is not None and all(0 <= s <= 1 for s in choice.signals)
+
+
+def test_bad_accel_and_budget_raise(tiny):
+    model, cond, negative, noise = tiny
+    solver = UniPC(num_steps=4, shift=3.0)
+    kw = dict(solver=solver, guidance=GUIDANCE)
+    with pytest.raises(ValueError, match="accel must be one of"):
+        dvg.accelerate(model, noise, cond, negative, accel="fast", **kw)
+    with pytest.raises(ValueError, match="budget must be in"):
+        dvg.accelerate(model, noise, cond, negative, budget=0.0, **kw)
+    with pytest.raises(ValueError, match="fits the budget"):
+        dvg.accelerate(model, noise, cond, negative, accel="temporal", budget=0.05, **kw)
+
+
+def test_resuming_from_the_probe_equals_running_stage_zero(tiny):
+    model, cond, negative, noise = tiny
+    solver = UniPC(num_steps=4, shift=3.0)
+    p = dvg.plan(dvg.Schedule.of([(2, 2, 2), (1, 1, 2)]), LATENT, (1, 2, 2), solver)
+    x0, signals = dvg.probe(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
+    assert x0.shape == (1, 3, 4, 4, 4) and signals.shape == (1, 2)
+    whole = dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
+    resumed = dvg.denoise(
+        model, noise, cond, negative, plan=p, guidance=GUIDANCE, x0=x0, start_stage=1
+    )
+    np.testing.assert_allclose(resumed, whole, atol=1e-5)
+    with pytest.raises(ValueError, match="needs x0"):
+        dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE, start_stage=1)
+
+
+def test_videos_choosing_different_schedules_are_regrouped_in_order(tiny, monkeypatch):
+    model, cond, negative, noise = tiny
+    solver = UniPC(num_steps=4, shift=3.0)
+    noise3 = jnp.concatenate([noise, noise * 0.5, -noise], axis=0)
+    cond3, negative3 = (
+        jax.tree.map(lambda a: jnp.repeat(a, 3, axis=0), c) for c in (cond, negative)
+    )
+    picks = iter(["spatial", "temporal", "spatial"])
+    real_choose = dvg.selector.choose
+
+    def fake_choose(found, signals, *args, **kwargs):
+        family = next(picks)
+        return real_choose([c for c in found if c.family == family], signals, *args, **kwargs)
+
+    monkeypatch.setattr(dvg.selector, "choose", fake_choose)
+    out, choices = dvg.accelerate(
+        model, noise3, cond3, negative3, solver=solver, guidance=GUIDANCE, budget=0.7
+    )
+    assert [c.family for c in choices] == ["spatial", "temporal", "spatial"]
+    for i, c in enumerate(choices):
+        p = dvg.plan(c.schedule, LATENT, (1, 2, 2), solver)
+        one = dvg.denoise(
+            model,
+            noise3[i : i + 1],
+            jax.tree.map(lambda a, i=i: a[i : i + 1], cond3),
+            jax.tree.map(lambda a, i=i: a[i : i + 1], negative3),
+            plan=p,
+            guidance=GUIDANCE,
+        )
+        np.testing.assert_allclose(out[i : i + 1], one, atol=1e-5)
+
+
+def test_sharded_equals_single_device_with_mesh_padding(tiny):
+    model, cond, negative, noise = tiny
+    solver = FlowEuler(num_steps=3, shift=3.0)
+    mesh = make_mesh((2, 4), ("data", "seq"))
+    # (2, 4): a 3x2x2 latent = 3 tokens, padded to 4 for the 4-way seq axis.
+    schedule = dvg.Schedule.of([(2, 4, 1), (2, 2, 1), (1, 1, 1)])
+    with use_mesh(mesh, "fsdp_sp"):
+        assert dvg.sampler._mesh_multiple() == 4
+    p = dvg.plan(schedule, LATENT, (1, 2, 2), solver, multiple=4)
+    for stage in p.stages[:-1]:
+        grid = np.asarray(stage.padded) // np.asarray((1, 2, 2))
+        assert np.prod(grid) % 4 == 0
+    assert p.stages[0].pad != (0, 0, 0)
+    noise2 = jnp.concatenate([noise, -noise], axis=0)
+    cond2, negative2 = (
+        jax.tree.map(lambda a: jnp.repeat(a, 2, axis=0), c) for c in (cond, negative)
+    )
+    single = dvg.denoise(model, noise2, cond2, negative2, plan=p, guidance=GUIDANCE)
+
+    sharded_model = nnx.clone(model)
+    state = nnx.state(sharded_model)
+    nnx.update(sharded_model, jax.device_put(state, param_shardings(state, mesh, "fsdp_sp")))
+    with use_mesh(mesh, "fsdp_sp"):
+        sharded_noise = jax.device_put(
+            noise2, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        )
+        got = dvg.denoise(sharded_model, sharded_noise, cond2, negative2, plan=p, guidance=GUIDANCE)
+    np.testing.assert_allclose(got, single, atol=2e-5)

@@ -1,0 +1,105 @@
+"""The selector: signals on crafted latents, candidate budgets, and its choices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vidax.dvg import (
+    DEFAULT_POLICY,
+    Policy,
+    Schedule,
+    candidates,
+    choose,
+    ladders,
+    measure,
+    relative_cost,
+    step_flops,
+)
+from vidax.models.wan import PRESETS
+from vidax.sampling import UniPC
+
+CONFIG = PRESETS["tiny"]
+LATENT = (9, 8, 8)
+PATCH = (1, 2, 2)
+SOLVER = UniPC(num_steps=20, shift=3.0)
+
+
+def _blob_video(speed: float, frames: int = 9, size: int = 16) -> jax.Array:
+    """A smooth Gaussian blob moving right by `speed` pixels per frame, (1, t, h, w, 4)."""
+    yy, xx = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    video = []
+    for t in range(frames):
+        cx = 3 + speed * t
+        video.append(np.exp(-((yy - size / 2) ** 2 + (xx - cx) ** 2) / 8.0))
+    v = np.stack(video)[None, ..., None] * np.array([1.0, -0.5, 0.3, 2.0])
+    return jnp.asarray(v, jnp.float32)
+
+
+def _cost(shape):
+    return step_flops(CONFIG, shape)
+
+
+def test_measure_separates_still_from_moving_and_smooth_from_detailed():
+    still, slow, fast = (measure(_blob_video(s))[0] for s in (0.0, 0.3, 1.5))
+    assert float(still[0]) < 1e-6
+    assert float(still[0]) < float(slow[0]) < float(fast[0])
+    noise = jax.random.normal(jax.random.key(0), (1, 9, 16, 16, 4), jnp.float32)
+    detail_noise = float(measure(noise)[0, 1])
+    assert float(still[1]) < 0.1 < 0.6 < detail_noise <= 1.0
+    assert measure(jnp.zeros((2, 1, 4, 4, 4))).shape == (2, 2)
+
+
+def test_candidates_respect_the_budget_and_full_resolution_steps():
+    found = candidates(LATENT, PATCH, 20, 0.35, _cost)
+    assert {c.family for c in found} == {"spatial", "temporal", "joint"}
+    for c in found[::37]:
+        assert c.cost <= 0.35 + 1e-9
+        assert c.cost == pytest.approx(relative_cost(c.schedule, CONFIG, LATENT))
+        assert c.schedule.num_steps == 20 and c.schedule.stages[-1].steps >= 2
+    assert [c.family for c in candidates(LATENT, PATCH, 20, 1.0, _cost, families=("none",))] == [
+        "none"
+    ]
+    assert candidates(LATENT, PATCH, 20, 0.01, _cost) == []
+    with pytest.raises(ValueError, match="unknown families"):
+        candidates(LATENT, PATCH, 20, 0.5, _cost, families=("bogus",))
+
+
+def test_ladders_only_use_dividing_factors():
+    lad = ladders((6, 8, 12), PATCH)
+    assert lad["temporal"] == []  # 5 frame gaps: no factor of 2, 4, 8 divides
+    assert all(f[1] in (1, 2, 4) for ladder in lad["spatial"] for f in ladder)  # 12 % 8 != 0
+
+
+def test_static_scene_gets_strong_temporal_reduction_fast_motion_keeps_frames():
+    found = candidates(LATENT, PATCH, 20, 0.35, _cost)
+    static = tuple(float(v) for v in measure(_blob_video(0.0))[0])
+    moving = tuple(float(v) for v in measure(_blob_video(1.5))[0])
+    still_choice = choose(found, static, LATENT, SOLVER.sigmas)
+    fast_choice = choose(found, moving, LATENT, SOLVER.sigmas)
+    assert still_choice.family == "temporal"
+    assert max(s.t_factor for s in still_choice.schedule.stages) >= 4
+    assert fast_choice.family == "spatial"
+    assert all(s.t_factor == 1 for s in fast_choice.schedule.stages)
+    assert still_choice.cost <= 0.35 and fast_choice.cost <= 0.35
+    assert fast_choice.predicted_loss > still_choice.predicted_loss
+
+
+def test_tolerance_falls_back_to_full_sampling():
+    found = candidates(LATENT, PATCH, 20, 0.35, _cost)
+    strict = Policy(tolerance=1e-6)
+    choice = choose(found, (0.9, 0.9), LATENT, SOLVER.sigmas, policy=strict)
+    assert choice.family == "none" and choice.schedule == Schedule.full(20)
+    assert choose(found, (0.0, 0.0), LATENT, SOLVER.sigmas, policy=strict).family != "none"
+    with pytest.raises(ValueError, match="no candidate"):
+        choose([], (0.1, 0.1), LATENT, SOLVER.sigmas)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"probe": 0.0}, "probe"), ({"min_full": 1.0}, "min_full"), ({"factors": (1,)}, "factors")],
+)
+def test_policy_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Policy(**kwargs)
+    assert DEFAULT_POLICY.probe_steps(4) >= 1
