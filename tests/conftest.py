@@ -6,6 +6,9 @@ Environment must be set before jax is imported anywhere, hence module level.
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (used only to compile for TPU topologies) guards itself with /tmp/libtpu_lockfile;
+# parallel or leftover test processes must not block each other.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"

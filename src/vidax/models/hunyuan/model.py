@@ -121,12 +121,15 @@ def joint_attention(
     attention_fn: JointAttentionFn | None = None,
 ) -> Float[Array, "b l n k"]:
     """Attention over [video; text] tokens; keys where `key_mask` is False are ignored."""
-    q = shard(q, ("batch", "tokens", "attn_heads", "head_dim"))
+    q = shard(q, ("batch", "attn_tokens", "attn_heads", "head_dim"))
     k = shard(k, ("batch", "kv_tokens", "attn_heads", "head_dim"))
     v = shard(v, ("batch", "kv_tokens", "attn_heads", "head_dim"))
     if attention_fn is not None:
-        return attention_fn(q, k, v, key_mask)
-    return attention(q, k, v, mask=key_mask[:, None, None, :], impl=impl)
+        out = attention_fn(q, k, v, key_mask)
+    else:
+        out = attention(q, k, v, mask=key_mask[:, None, None, :], impl=impl)
+    # Pin the output like the queries so Ulysses reshards heads back to tokens here.
+    return shard(out, ("batch", "attn_tokens", "attn_heads", "head_dim"))
 
 
 def _chunks(mod: Float[Array, "b m"], parts: int) -> list[jax.Array]:
