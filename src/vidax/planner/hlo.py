@@ -800,6 +800,9 @@ class _Walker:
 
     @staticmethod
     def _op_flops(comp: Computation, inst: Instruction) -> float:
+        if inst.opcode == "custom-call":
+            cost = kernel_cost(comp, inst)
+            return cost[0] if cost else 0.0
         if inst.opcode == "dot":
             lhs = comp.by_name.get(inst.operands[0]) if inst.operands else None
             if lhs is None or not lhs.shapes:
@@ -822,6 +825,10 @@ class _Walker:
 
     @staticmethod
     def _op_bytes(comp: Computation, inst: Instruction) -> float:
+        if inst.opcode == "custom-call":
+            cost = kernel_cost(comp, inst)
+            if cost:
+                return cost[1]
         if inst.opcode in _SLICE_OPS:
             return 2.0 * inst.nbytes
         if inst.opcode == "dynamic-update-slice" and len(inst.operands) >= 2:
@@ -829,6 +836,48 @@ class _Walker:
             return 2.0 * (update.nbytes if update else inst.nbytes)
         read = sum(comp.by_name[o].nbytes for o in set(inst.operands) if o in comp.by_name)
         return float(read + inst.nbytes)
+
+
+# Pallas TPU kernels appear as opaque `tpu_custom_call`s that XLA's cost analysis prices at 0
+# FLOPs. Kernels whose instruction name starts with one of these prefixes are attention over
+# (..., l, k) queries and (..., s, k) keys/values.
+_ATTENTION_KERNELS = ("splash_mha_fwd", "splash_mqa_fwd", "flash_attention")
+_ATTENTION_Q_BLOCK = 512  # keys/values are re-read once per query block of this many rows
+
+
+def kernel_cost(comp: Computation, inst: Instruction) -> tuple[float, float] | None:
+    """(FLOPs, HBM bytes) of a Pallas TPU kernel call, or None if unknown.
+
+    A `cost_estimate` in the call's backend config (`pl.CostEstimate`) is used as given. jax's
+    splash attention sets none, so attention kernels are priced from their operands:
+    4*l*s*k FLOPs per (batch, head) and q, o plus k, v once per query block of HBM traffic.
+    """
+    if inst.attrs.get("custom_call_target", "").strip('"') != "tpu_custom_call":
+        return None
+    estimate = inst.backend_config.get("custom_call_config", {})
+    estimate = estimate.get("cost_estimate") if isinstance(estimate, dict) else None
+    if isinstance(estimate, dict) and "flops" in estimate:
+        return float(estimate["flops"]), float(estimate.get("bytes_accessed", 0.0))
+    if not inst.name.lstrip("%").startswith(_ATTENTION_KERNELS):
+        return None
+    arrays = [
+        comp.by_name[o].shapes[0]
+        for o in inst.operands
+        if o in comp.by_name
+        and comp.by_name[o].shapes
+        and len(comp.by_name[o].shapes[0].dims) >= 3
+        and comp.by_name[o].shapes[0].dtype.startswith(("bf", "f"))
+    ]
+    if len(arrays) < 3:
+        return None
+    q, k, v = arrays[:3]
+    length, d = q.dims[-2], q.dims[-1]
+    s = k.dims[-2]
+    rows = math.prod(q.dims[:-1])  # batch * heads * l
+    flops = 4.0 * rows * s * d
+    q_blocks = -(-length // _ATTENTION_Q_BLOCK)
+    nbytes = 2.0 * q.nbytes + q_blocks * (k.nbytes + v.nbytes)
+    return flops, nbytes
 
 
 def _start_result_bytes(kind: str, inst: Instruction) -> int:

@@ -34,11 +34,23 @@ def _as_tuple(mesh_axes: MeshAxes) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Strategy:
-    """A named pair of logical->mesh rule tables (parameters, activations)."""
+    """A named pair of logical->mesh rule tables (parameters, activations).
+
+    Attributes:
+        name: how plans and the CLI refer to it.
+        params / activations: `(logical axis, mesh axes)` rules.
+        pad: activation axes that may be sharded unevenly: GSPMD pads the last shard (e.g.
+            32,760 tokens over 16 devices), instead of the axis staying replicated.
+        ring: self-attention runs as ring attention over the `seq` axis (keys/values are
+            passed round the ring with collective-permutes, `vidax.nn.ring_attention`) instead
+            of being gathered.
+    """
 
     name: str
     params: Rules = ()
     activations: Rules = ()
+    pad: tuple[str, ...] = ()
+    ring: bool = False
 
     def __post_init__(self):
         for table, vocab in ((self.params, PARAM_AXES), (self.activations, ACTIVATION_AXES)):
@@ -48,6 +60,9 @@ class Strategy:
                 for axis in _as_tuple(mesh_axes):
                     if axis not in MESH_AXES:
                         raise ValueError(f"strategy {self.name!r}: unknown mesh axis {axis!r}")
+        for logical in self.pad:
+            if logical not in ACTIVATION_AXES:
+                raise ValueError(f"strategy {self.name!r}: unknown pad axis {logical!r}")
 
 
 _BATCH = ("batch", ("data", "fsdp"))
@@ -99,6 +114,85 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
+# -- composed strategies (the planner's candidate space) ------------------------------------------
+SEQUENCE_MODES = ("none", "gather", "ulysses", "ring")
+_SEQUENCE_NAMES = {
+    "none": "batch",
+    "gather": "sp-gather",
+    "ulysses": "sp-ulysses",
+    "ring": "sp-ring",
+}
+WEIGHT_MODES = ("replicated", "fsdp")
+
+
+def compose_strategy(
+    sequence: str = "none", *, tensor: bool = False, weights: str = "replicated"
+) -> Strategy:
+    """A strategy from independent choices; its name round-trips through `get_strategy`.
+
+    Activations are always split by batch over `data` and `fsdp` (the CFG pair and videos).
+
+    Args:
+        sequence: how the `seq` axis splits the video tokens:
+            "none" (no sequence parallelism),
+            "gather" (queries stay split; keys/values are all-gathered for attention),
+            "ulysses" (all-to-all from tokens to heads around attention; heads must divide by
+            seq x tensor),
+            "ring" (keys/values travel round the `seq` ring, `vidax.nn.ring_attention`).
+            Tokens that do not divide are padded (`Strategy.pad`).
+        tensor: Megatron tensor parallelism over the `tensor` axis (heads and FFN hidden).
+        weights: "replicated", or "fsdp": the `embed` dimension of every weight is sharded over
+            `fsdp` and `seq` and gathered per layer (ZeRO-3), for models larger than one chip.
+
+    Returns:
+        A `Strategy` named e.g. "sp-ulysses+tp+fsdp" or "batch".
+    """
+    if sequence not in SEQUENCE_MODES:
+        raise ValueError(f"unknown sequence mode {sequence!r}; choose from {SEQUENCE_MODES}")
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"unknown weight mode {weights!r}; choose from {WEIGHT_MODES}")
+    acts: list[tuple[str, MeshAxes]] = [_BATCH]
+    params: list[tuple[str, MeshAxes]] = []
+    heads: MeshAxes = "tensor" if tensor else None
+    if sequence == "gather":
+        acts += [("tokens", "seq"), ("attn_tokens", "seq"), ("kv_tokens", None)]
+    elif sequence == "ulysses":
+        acts += [("tokens", "seq"), ("attn_tokens", None), ("kv_tokens", None)]
+        heads = ("seq", "tensor") if tensor else "seq"
+    elif sequence == "ring":
+        acts += [("tokens", "seq"), ("attn_tokens", "seq"), ("kv_tokens", "seq")]
+    if heads is not None:
+        acts.append(("attn_heads", heads))
+    if tensor:
+        acts.append(("mlp", "tensor"))
+        params += [("heads", "tensor"), ("mlp", "tensor")]
+    if weights == "fsdp":
+        params.append(("embed", ("fsdp", "seq")))
+    name = (
+        _SEQUENCE_NAMES[sequence]
+        + ("+tp" if tensor else "")
+        + ("+fsdp" if weights == "fsdp" else "")
+    )
+    return Strategy(
+        name=name,
+        params=tuple(params),
+        activations=tuple(acts),
+        pad=("tokens", "attn_tokens", "kv_tokens") if sequence != "none" else (),
+        ring=sequence == "ring",
+    )
+
+
+def _parse_composed(name: str) -> Strategy | None:
+    base, *flags = name.split("+")
+    modes = {v: k for k, v in _SEQUENCE_NAMES.items()}
+    if base not in modes or len(set(flags)) != len(flags) or set(flags) - {"tp", "fsdp"}:
+        return None
+    strategy = compose_strategy(
+        modes[base], tensor="tp" in flags, weights="fsdp" if "fsdp" in flags else "replicated"
+    )
+    return strategy if strategy.name == name else None  # flags in canonical order only
+
+
 @dataclasses.dataclass(frozen=True)
 class _Context:
     mesh: Mesh
@@ -111,14 +205,18 @@ _CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
 
 
 def get_strategy(strategy: str | Strategy) -> Strategy:
+    """A preset (`STRATEGIES`) or composed (`compose_strategy`) strategy by name."""
     if isinstance(strategy, Strategy):
         return strategy
-    try:
+    if strategy in STRATEGIES:
         return STRATEGIES[strategy]
-    except KeyError:
+    composed = _parse_composed(strategy) if isinstance(strategy, str) else None
+    if composed is None:
         raise ValueError(
-            f"unknown sharding strategy {strategy!r}; choose from {sorted(STRATEGIES)}"
-        ) from None
+            f"unknown sharding strategy {strategy!r}; choose from {sorted(STRATEGIES)} or a "
+            "composed name such as 'sp-ulysses+tp+fsdp' (see compose_strategy)"
+        )
+    return composed
 
 
 @contextlib.contextmanager
@@ -168,12 +266,16 @@ def logical_to_spec(
     rules: Rules,
     mesh: Mesh,
     shape: Sequence[int] | None = None,
+    *,
+    pad: Sequence[str] = (),
 ) -> PartitionSpec:
     """Maps logical axis names to a PartitionSpec under `rules`.
 
     Mesh axes absent from `mesh` (or of size 1) are dropped, each mesh axis is used at most
     once, and when `shape` is given a dimension is only sharded over the mesh axes whose product
-    divides it (otherwise it stays replicated rather than silently padded).
+    divides it (otherwise it stays replicated rather than silently padded), unless its logical
+    name is in `pad`: then it is sharded unevenly and GSPMD pads the last shard (it still needs
+    at least one element per shard).
     """
     table = dict(rules)
     used: set[str] = set()
@@ -185,7 +287,12 @@ def logical_to_spec(
             if a in mesh.shape and mesh.shape[a] > 1 and a not in used
         ]
         if shape is not None:
-            while mesh_axes and shape[i] % _prod(mesh.shape[a] for a in mesh_axes):
+            uneven_ok = name in pad
+            while mesh_axes and (
+                shape[i] < _prod(mesh.shape[a] for a in mesh_axes)
+                if uneven_ok
+                else shape[i] % _prod(mesh.shape[a] for a in mesh_axes)
+            ):
                 mesh_axes.pop()
         used.update(mesh_axes)
         spec.append(
@@ -208,7 +315,7 @@ def shard(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
         return x
     if len(axes) != x.ndim:
         raise ValueError(f"shard: {len(axes)} logical axes {tuple(axes)} for a rank-{x.ndim} array")
-    spec = logical_to_spec(axes, ctx.strategy.activations, ctx.mesh, x.shape)
+    spec = logical_to_spec(axes, ctx.strategy.activations, ctx.mesh, x.shape, pad=ctx.strategy.pad)
     return jax.lax.with_sharding_constraint(x, NamedSharding(ctx.mesh, spec))
 
 

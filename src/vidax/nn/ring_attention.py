@@ -1,0 +1,187 @@
+"""Attention under an active mesh: ring attention and the TPU splash kernel, via `shard_map`.
+
+Both read the mesh and the layout of q/k/v from the active `vidax.sharding.use_mesh` strategy
+(q: `("batch", "attn_tokens", "attn_heads", "head_dim")`; k/v: `"kv_tokens"` for
+self-attention, `"text_tokens"` otherwise) and run one program per device.
+
+Ring attention (`ring_attention`): queries and keys/values are split over the `seq` axis.
+Each device attends its query shard to the key/value shard it holds, then passes that shard to
+its ring successor with a collective-permute (`jax.lax.ppermute`); after `seq` steps every
+query has seen every key. Partial results merge exactly through their log-sum-exp. The permute
+for the next step is issued before the current block is computed, so XLA can overlap them.
+Tokens that do not divide by `seq` are padded and the padded keys masked.
+
+On TPU meshes the per-device block is jax's Pallas splash-attention kernel (`splash_attention`
+uses it alone for the non-ring layouts); elsewhere it is the online-softmax jnp block of
+`vidax.nn.attention.attend_blocks`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from vidax.nn.attention import attend_blocks, merge_partials
+
+Q_AXES = ("batch", "attn_tokens", "attn_heads", "head_dim")
+# Splash tiles: sequence lengths are padded to a multiple of LANE, blocks are the largest of
+# these dividing the padded length.
+LANE = 128
+_SPLASH_BLOCKS = (512, 256, 128)
+
+
+def _active(what: str):
+    from vidax.sharding.rules import current
+
+    active = current()
+    if active is None:
+        raise ValueError(f"{what} needs an active mesh: call it inside vidax.sharding.use_mesh")
+    return active
+
+
+def _specs(mesh, strategy, q_shape, k_shape, *, self_attention: bool):
+    from vidax.sharding.rules import logical_to_spec
+
+    kv_axes = ("batch", "kv_tokens" if self_attention else "text_tokens", *Q_AXES[2:])
+    # Specs for shard_map must divide exactly: callers pad tokens first.
+    q_spec = logical_to_spec(Q_AXES, strategy.activations, mesh, q_shape)
+    k_spec = logical_to_spec(kv_axes, strategy.activations, mesh, k_shape)
+    return q_spec, k_spec
+
+
+def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
+    """Ring attention over mesh axis `axis` under the active strategy (see the module doc).
+
+    Args:
+        q: (b, l, n, k) queries; k, v: (b, s, n, k) keys/values with s == l (self-attention).
+        scale: logit scale.
+        axis: the ring's mesh axis.
+
+    Returns:
+        (b, l, n, k) attention output in q's dtype.
+    """
+    mesh, strategy = _active("ring attention")
+    ring = mesh.shape.get(axis, 1)
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"ring attention is self-attention: got q {q.shape}, k {k.shape}")
+    length = q.shape[1]
+    padded = -(-length // ring) * ring
+    if padded != length:
+        widths = ((0, 0), (0, padded - length), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
+    # Whatever the strategy, the ring shards queries and keys over its axis.
+    token_rules = (("attn_tokens", axis), ("kv_tokens", axis))
+    others = tuple(r for r in strategy.activations if r[0] not in ("attn_tokens", "kv_tokens"))
+    strategy = _with_rules(strategy, (*others, *token_rules))
+    q_spec, k_spec = _specs(mesh, strategy, q.shape, k.shape, self_attention=True)
+    if ring > 1 and (q_spec[1] != axis or k_spec[1] != axis):
+        raise ValueError(f"ring attention could not shard tokens over {axis!r}: q {q_spec}")
+    shard_len = padded // ring
+    tpu = mesh.devices.flat[0].platform == "tpu"
+    block = functools.partial(_splash_block if tpu else _jnp_block, scale=scale)
+
+    def local(q, k, v):
+        me = jax.lax.axis_index(axis) if ring > 1 else 0
+        state = None
+        for step in range(ring):
+            # This device holds the keys of shard (me - step) mod ring.
+            source = (me - step) % ring
+            valid = jnp.clip(length - source * shard_len, 0, shard_len)
+            if step + 1 < ring:  # start passing the shard on before computing with it
+                perm = [(i, (i + 1) % ring) for i in range(ring)]
+                k_next = jax.lax.ppermute(k, axis, perm)
+                v_next = jax.lax.ppermute(v, axis, perm)
+            part = block(q, k, v, valid)
+            state = part if state is None else merge_partials(state, part)
+            if step + 1 < ring:
+                k, v = k_next, v_next
+        return state[0].astype(q.dtype)
+
+    out = jax.shard_map(
+        local, mesh=mesh, in_specs=(q_spec, k_spec, k_spec), out_specs=q_spec, check_vma=False
+    )(q, k, v)
+    out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, q_spec))
+    return out[:, :length] if padded != length else out
+
+
+def splash_attention(q, k, v, *, scale: float):
+    """Splash attention per device, in the active strategy's q/k/v layout (TPU meshes).
+
+    Keys are gathered (or heads split) by GSPMD as the layout asks before the kernel runs.
+    """
+    mesh, strategy = _active("splash attention")
+    q_spec, k_spec = _specs(
+        mesh, strategy, q.shape, k.shape, self_attention=q.shape[1] == k.shape[1]
+    )
+    s = k.shape[1]
+
+    def local(q, k, v):
+        out, _ = _splash_block(q, k, v, s, scale=scale, residuals=False)
+        return out.astype(q.dtype)
+
+    out = jax.shard_map(
+        local, mesh=mesh, in_specs=(q_spec, k_spec, k_spec), out_specs=q_spec, check_vma=False
+    )(q, k, v)
+    return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, q_spec))
+
+
+def _with_rules(strategy, activations):
+    import dataclasses
+
+    return dataclasses.replace(strategy, activations=activations)
+
+
+def _jnp_block(q, k, v, valid, *, scale):
+    return attend_blocks(q, k, v, scale=scale, valid=valid)
+
+
+def _splash_block(q, k, v, valid, *, scale, residuals: bool = True):
+    """Splash attention of one device's q over its k/v; keys from `valid` on are masked.
+
+    Returns (float32-or-q-dtype output (b, l, n, k), log-sum-exp (b, n, l) or None).
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    _, length, n, _ = q.shape
+    s = k.shape[1]
+    lp, sp = -(-length // LANE) * LANE, -(-s // LANE) * LANE
+    bq = next(x for x in _SPLASH_BLOCKS if lp % x == 0)
+    bkv = next(x for x in _SPLASH_BLOCKS if sp % x == 0)
+    to_heads = lambda x, m: jnp.pad(x, ((0, 0), (0, m - x.shape[1]), (0, 0), (0, 0))).transpose(
+        0, 2, 1, 3
+    )
+    qh = to_heads((q.astype(jnp.float32) * scale).astype(q.dtype), lp)
+    kh, vh = to_heads(k, sp), to_heads(v, sp)
+    kernel = sk.make_splash_mha(
+        sm.MultiHeadMask([sm.FullMask((lp, sp)) for _ in range(n)]),
+        block_sizes=sk.BlockSizes(
+            block_q=bq,
+            block_kv=bkv,
+            block_kv_compute=bkv,
+            block_q_dkv=bq,
+            block_kv_dkv=bkv,
+            block_kv_dkv_compute=bkv,
+            block_q_dq=bq,
+            block_kv_dq=bkv,
+        ),
+        head_shards=1,
+        q_seq_shards=1,
+        save_residuals=residuals,
+    )
+    # Padded keys get their own segment: no real query attends to them.
+    kv_seg = (jnp.arange(sp) >= valid).astype(jnp.int32)
+    segments = sk.SegmentIds(q=jnp.zeros((lp,), jnp.int32), kv=kv_seg)
+    result = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=segments))(qh, kh, vh)
+    if residuals:
+        out, (lse,) = result
+        out, lse = out.astype(jnp.float32), lse[:, :, :length]
+        # A shard with no valid key contributes nothing (the kernel's rows are undefined there).
+        lse = jnp.where(valid > 0, lse, -jnp.inf)
+        out = jnp.where(valid > 0, out, 0.0)
+    else:
+        out, lse = result, None
+    return out.transpose(0, 2, 1, 3)[:, :length], lse
