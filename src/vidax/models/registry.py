@@ -125,11 +125,13 @@ def _specs() -> dict[str, ModelSpec]:
             ),
         ),
     ]
-    for family, preset, vae, text, defaults in (
+    # (family, preset, its VAE, the tiny preset's VAE, text encoder, sampling defaults)
+    for family, preset, vae, tiny_vae, text, defaults in (
         (
             "hunyuanvideo",
             "hunyuanvideo",
             "hunyuanvideo",
+            "hunyuanvideo-tiny",
             "llava-llama3+clip-l",
             SamplingDefaults(
                 num_frames=129,
@@ -146,6 +148,7 @@ def _specs() -> dict[str, ModelSpec]:
             "hunyuanvideo15",
             "hunyuanvideo1.5",
             "hunyuanvideo15",
+            None,
             "qwen2.5-vl+byt5",
             SamplingDefaults(
                 num_frames=121,
@@ -181,7 +184,7 @@ def _specs() -> dict[str, ModelSpec]:
                     name=tiny,
                     family=family,
                     config=presets["tiny"],
-                    vae=None,
+                    vae=tiny_vae,
                     text_encoder="hashed",
                     defaults=dataclasses.replace(
                         defaults, num_frames=9, height=64, width=64, steps=8
@@ -192,7 +195,10 @@ def _specs() -> dict[str, ModelSpec]:
 
 
 # VAE families: module implementing <PRESETS>, the model class, and load(path, config).
-_VAE_FAMILIES = {"wan": ("vidax.models.wan_vae", "WanVAE")}
+_VAE_FAMILIES = {
+    "wan": ("vidax.models.wan_vae", "WanVAE"),
+    "hunyuan": ("vidax.models.hunyuan_vae", "HunyuanVideoVAE"),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
