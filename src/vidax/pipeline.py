@@ -454,6 +454,8 @@ def generate(
     mesh: Mesh | None = None,
     strategy: str | None = None,
     on_step: Callable[[int], None] | None = None,
+    accel: str = "none",
+    budget: float | None = None,
 ) -> Video:
     """Generates a video from a prompt or precomputed embeddings.
 
@@ -470,6 +472,10 @@ def generate(
       decode_frames: decode latents to frames with the VAE.
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
       on_step: host callback per denoising step.
+      accel: progressive sampling (`vidax.dvg.accelerate`): "dvg" (content-aware), "spatial",
+        "temporal", "joint", or "none" (this module's sampler).
+      budget: for accel != "none", the fraction of full-sampling compute to spend (default
+        `vidax.dvg.DEFAULT_BUDGET`).
     """
     spec = get(model) if isinstance(model, str) else model
     family = adapter(spec)
@@ -528,6 +534,24 @@ def generate(
         model_input=model_input,
         on_step=on_step,
     )
+    if accel != "none":
+        from vidax import dvg
+
+        def run(noise, cond, negative):
+            latents, _ = dvg.accelerate(
+                transformer,
+                noise,
+                cond,
+                negative,
+                solver=solver,
+                guidance=cfg_scale,
+                accel=accel,
+                budget=dvg.DEFAULT_BUDGET if budget is None else budget,
+                model_input=model_input,
+                on_step=on_step,
+            )
+            return latents
+
     if mesh is not None:
         from vidax.sharding import use_mesh
 

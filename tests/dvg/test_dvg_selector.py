@@ -13,6 +13,7 @@ from vidax.dvg import (
     choose,
     ladders,
     measure,
+    reduced_shape,
     relative_cost,
     step_flops,
 )
@@ -51,12 +52,18 @@ def test_measure_separates_still_from_moving_and_smooth_from_detailed():
 
 
 def test_candidates_respect_the_budget_and_full_resolution_steps():
-    found = candidates(LATENT, PATCH, 20, 0.35, _cost)
+    found = candidates(LATENT, PATCH, 20, 0.35)
     assert {c.family for c in found} == {"spatial", "temporal", "joint"}
     for c in found[::37]:
         assert c.cost <= 0.35 + 1e-9
-        assert c.cost == pytest.approx(relative_cost(c.schedule, CONFIG, LATENT))
+        token_steps = sum(
+            s.steps * np.prod(reduced_shape(LATENT, s.factors)) for s in c.schedule.stages
+        )
+        assert c.cost == pytest.approx(token_steps / (20 * np.prod(LATENT)))
         assert c.schedule.num_steps == 20 and c.schedule.stages[-1].steps >= 2
+    by_flops = candidates(LATENT, PATCH, 20, 0.35, _cost)
+    for c in by_flops[::37]:
+        assert c.cost == pytest.approx(relative_cost(c.schedule, CONFIG, LATENT))
     assert [c.family for c in candidates(LATENT, PATCH, 20, 1.0, _cost, families=("none",))] == [
         "none"
     ]

@@ -12,6 +12,7 @@ change only at stage boundaries. `denoise` is the model-level entry (CFG, one co
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -254,8 +255,9 @@ def accelerate(
       accel: "dvg" (probe + content-aware selector), "spatial" / "temporal" / "joint" (the best
         schedule of that family for the budget, independent of content), or "none" (the base
         sampler, exactly).
-      budget: compute to spend as a fraction of the full sampler's FLOPs, in (0, 1]
-        (1/3 ~ 3x faster); the probe's cost counts against it.
+      budget: compute to spend, as a fraction of the full sampler's token-steps (sum of steps x
+        grid size), in (0, 1]; the probe counts against it. FLOPs fall further than the budget
+        on large grids (attention is quadratic), wall-clock less on tiny ones (fixed costs).
       policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
       key: PRNG key for `noise="fresh"` plans.
       on_step: host callback per step (base-schedule step index).
@@ -265,7 +267,6 @@ def accelerate(
       (latents (b, t, h, w, c) float32, one `vidax.dvg.Choice` per video).
     """
     from vidax.dvg import selector
-    from vidax.dvg.cost import step_flops
     from vidax.dvg.schedule import Schedule, plan
 
     if accel not in ACCEL_MODES:
@@ -290,9 +291,6 @@ def accelerate(
         denoise, model, guidance=guidance, key=key, model_input=model_input, on_step=on_step
     )
 
-    def cost(shape):
-        return step_flops(config, shape)
-
     if accel == "none" or budget >= 1:
         full = Schedule.full(n)
         latents = run(noise, cond, negative, plan=make_plan(full))
@@ -301,9 +299,7 @@ def accelerate(
     probe_schedule = _probe_schedule(latent, patch, n, policy) if accel == "dvg" else None
     if accel != "dvg" or probe_schedule is None:
         family = "joint" if accel == "dvg" else accel
-        found = selector.candidates(
-            latent, patch, n, budget, cost, policy=policy, families=(family,)
-        )
+        found = selector.candidates(latent, patch, n, budget, policy=policy, families=(family,))
         if not found:
             raise ValueError(
                 f"no {family} schedule of {n} steps fits the budget {budget:.3g} for latent "
@@ -315,8 +311,8 @@ def accelerate(
 
     probe_plan = make_plan(probe_schedule)
     first = probe_schedule.stages[0]
-    probe_cost = first.steps * cost(probe_plan.stages[0].shape) / (n * cost(latent))
-    found = selector.candidates(latent, patch, n, budget - probe_cost, cost, policy=policy)
+    probe_cost = first.steps * math.prod(probe_plan.stages[0].shape) / (n * math.prod(latent))
+    found = selector.candidates(latent, patch, n, budget - probe_cost, policy=policy)
     x0, signals = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
     )

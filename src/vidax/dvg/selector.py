@@ -12,7 +12,9 @@
 3. **Candidates.** Ladders of nested grids ending at full resolution: spatial-only
    (1, s) -> (1, 1), temporal-only (t, 1) -> (1, 1), joint (t, s) -> (1, 1) and the joint ladders
    that restore one axis first, with 2x/4x factors that divide the latent; for each ladder,
-   every split of the steps that costs at most the budget (analytic FLOPs, `vidax.dvg.cost`).
+   every split of the steps that costs at most the budget, in token-steps: sum over stages of
+   steps x grid size, as a fraction of the full run (DVG's cost proxy; the FLOP saving is larger
+   because attention is quadratic in the tokens, see `vidax.dvg.cost`).
 4. **Predicted loss** of a candidate. A transition that refines axis a from reduction g to g'
    (g = the fraction of that axis' samples a grid drops: 1 - t'/t, 1 - h'w'/hw) at re-noise
    level sigma' leaves the interpolation error of the dropped samples in the latent. The next
@@ -189,7 +191,7 @@ def candidates(
     patch: tuple[int, int, int],
     num_steps: int,
     budget: float,
-    step_cost: Callable[[tuple[int, int, int]], float],
+    step_cost: Callable[[tuple[int, int, int]], float] = math.prod,
     *,
     policy: Policy = DEFAULT_POLICY,
     families: Sequence[str] = FAMILIES,
@@ -201,7 +203,9 @@ def candidates(
       patch: the DiT's patch (reduced grids keep at least one patch).
       num_steps: N, the base sampler's steps.
       budget: maximum cost as a fraction of the full sampler (1 admits only "none").
-      step_cost: FLOPs of one step on a (t', h', w') latent (e.g. `vidax.dvg.step_flops`).
+      step_cost: cost of one step on a (t', h', w') latent; default: its size, i.e. the budget
+        counts token-steps (DVG's convention; attention makes the FLOP saving larger on big
+        grids). `functools.partial(vidax.dvg.step_flops, config)` budgets FLOPs instead.
       policy: factors and minimum full-resolution steps.
       families: subset of `FAMILIES`.
 

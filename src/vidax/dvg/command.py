@@ -1,0 +1,55 @@
+"""`--accel` / `--budget` for the `vidax generate` command.
+
+`vidax.cli` adds them to its `generate` signature and forwards `generate_kwargs(...)` to
+`vidax.pipeline.generate`:
+
+    accel: AccelOption = "none",
+    budget: BudgetOption = DEFAULT_BUDGET,
+    ...
+    pipeline.generate(spec, ..., **dvg_command.generate_kwargs(accel, budget))
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vidax.dvg.sampler import ACCEL_MODES, DEFAULT_BUDGET
+
+CLI_MODES = ("dvg", "spatial", "temporal", "joint", "none")
+
+AccelOption = Annotated[
+    str,
+    typer.Option(
+        "--accel",
+        help=(
+            "Progressive sampling: dvg (a probe picks time/space reduction per video), "
+            "spatial | temporal | joint (fixed reduction), none (full resolution)."
+        ),
+    ),
+]
+BudgetOption = Annotated[
+    float,
+    typer.Option(
+        "--budget",
+        help=(
+            "Speed/quality preference for --accel: the fraction of full-sampling compute to "
+            "spend, in (0, 1] (0.33 ~ 3x faster; 1 = no reduction)."
+        ),
+    ),
+]
+
+__all__ = ["CLI_MODES", "DEFAULT_BUDGET", "AccelOption", "BudgetOption", "generate_kwargs"]
+
+
+def generate_kwargs(accel: str, budget: float) -> dict:
+    """Validated `accel`/`budget` keyword arguments for `vidax.pipeline.generate`.
+
+    Raises ValueError (a one-line CLI error) on an unknown mode or a budget outside (0, 1].
+    """
+    if accel not in ACCEL_MODES:
+        raise ValueError(f"--accel must be one of {', '.join(CLI_MODES)}, got {accel!r}")
+    if not 0 < budget <= 1:
+        raise ValueError(f"--budget must be in (0, 1], got {budget}")
+    return {"accel": accel, "budget": budget}

@@ -1,0 +1,32 @@
+"""`--accel` / `--budget` validation and the pipeline's accel path."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from vidax import pipeline
+from vidax.dvg.command import generate_kwargs
+
+
+def test_generate_kwargs_validate():
+    assert generate_kwargs("dvg", 0.3) == {"accel": "dvg", "budget": 0.3}
+    with pytest.raises(ValueError, match="--accel must be one of"):
+        generate_kwargs("fast", 0.3)
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="--budget must be in"):
+            generate_kwargs("dvg", bad)
+
+
+def test_pipeline_generate_with_accel():
+    kw = dict(prompt="a red circle moving right", steps=4, seed=3, decode_frames=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = pipeline.generate("tiny", **kw)
+        none = pipeline.generate("tiny", accel="none", **kw)
+        fast = pipeline.generate("tiny", accel="spatial", budget=0.6, **kw)
+    np.testing.assert_array_equal(none.latents, base.latents)
+    assert fast.latents.shape == base.latents.shape and np.all(np.isfinite(fast.latents))
+    assert np.max(np.abs(fast.latents - base.latents)) > 1e-4  # a different sampler really ran
+    with pytest.raises(ValueError, match="accel must be one of"):
+        pipeline.generate("tiny", accel="bogus", **kw)
