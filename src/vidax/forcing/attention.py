@@ -1,0 +1,278 @@
+"""Self-attention of a chunk over the KV cache: dense (Self-Forcing) and sparse (Sparse Forcing).
+
+Both take the chunk's *raw* queries, keys and values (the transformer block runs with
+`angles=None`, so RoPE is applied here, where the positions of cached frames are known) and one
+layer's `KVCache`. The chunk always attends to itself in full (bidirectional inside the chunk);
+the two results over disjoint key sets are merged exactly through their log-sum-exps.
+
+Sparse attention (native-sparse-attention style, two gated branches):
+
+- *selected*: each query tile (one latent frame by default) attends to the union of the sink
+  blocks, its top-`local_topk` window blocks and its top-`memory_topk` persistent-memory blocks,
+  ranked by `softmax(mean(q_tile) . k_cmp)`, through the PBSA kernel (`vidax.kernels.pbsa`), in
+  one softmax together with the chunk itself;
+- *compressed*: every query attends to the compressed tokens of all cached blocks and of the
+  compressed ring (coarse view of the whole history).
+
+`o = (1 + g_sel) * o_selected + g_cmp * o_compressed`, with `g = tanh(q W_g + b_g)` per head.
+The compression `k_cmp = mean(k_block) + mean(k_block) W_k` (same for v) and the gates are
+zero-initialised, so a freshly initialised sparse layer that selects every block is exactly the
+dense layer; training learns the compression (hence the ranking) through the compressed branch.
+The attention mass of the compressed scores is what the cache accumulates as salience.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+from vidax.forcing.cache import KVCache, block_centre_positions, time_positions, token_positions
+from vidax.forcing.config import CacheLayout
+from vidax.kernels.pbsa import block_means, pbsa
+from vidax.nn import apply_rope, rope_angles, video_positions
+from vidax.nn.attention import attend_blocks, merge_partials
+from vidax.nn.layers import param
+
+_EMPTY = -1e30  # compressed score of an empty slot
+
+
+class SparseParams(nnx.Module):
+    """The learned parts of one layer's sparse attention: branch gates and block compression.
+
+    Zero-initialised (see the module docstring): at init the sparse layer is the dense one
+    restricted to the selected blocks.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, rngs: nnx.Rngs | None = None):
+        del rngs  # deterministic (zero) init
+        n, k = num_heads, head_dim
+        self.gate_kernel = param(jnp.zeros((n, k, 2), jnp.float32), (None, None, None))
+        self.gate_bias = param(jnp.zeros((n, 2), jnp.float32), (None, None))
+        self.compress_k = param(jnp.zeros((n, k, k), jnp.float32), (None, None, None))
+        self.compress_v = param(jnp.zeros((n, k, k), jnp.float32), (None, None, None))
+
+
+def make_sparse_params(num_layers: int, num_heads: int, head_dim: int) -> SparseParams:
+    """`SparseParams` stacked on a leading "layers" axis (scanned with the blocks)."""
+
+    @nnx.vmap(
+        in_axes=None,
+        out_axes=0,
+        axis_size=num_layers,
+        transform_metadata={nnx.PARTITION_NAME: "layers"},
+    )
+    def make():
+        return SparseParams(num_heads, head_dim)
+
+    return make()
+
+
+# -- RoPE helpers ---------------------------------------------------------------------------------
+
+
+def _rotate_pool(x: Float[Array, "b n m bs k"], positions, rope) -> Float[Array, "b n m bs k"]:
+    """RoPE on pool blocks with per-token positions (b, n, m, bs, 3)."""
+    b, n, m, bs, k = x.shape
+    angles = rope(positions).reshape(b * n, m * bs, k // 2)
+    return apply_rope(x.reshape(b * n, m * bs, 1, k), angles).reshape(x.shape)
+
+
+def _rotate_tokens(x: Float[Array, "b n m k"], positions, rope) -> Float[Array, "b n m k"]:
+    """RoPE on per-head token lists (b, n, m, k) with positions (b, n, m, 3)."""
+    b, n, m, k = x.shape
+    angles = rope(positions).reshape(b * n, m, k // 2)
+    return apply_rope(x.reshape(b * n, m, 1, k), angles).reshape(x.shape)
+
+
+def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
+    """(t, h, w) RoPE positions of the current chunk's tokens."""
+    c = layout.config
+    t0 = time_positions(jnp.asarray(chunk_start), chunk_start, layout)
+    grid = video_positions(c.chunk_frames, *layout.grid_hw)
+    return grid + jnp.stack([t0, 0.0 * t0, 0.0 * t0])
+
+
+def make_rope(axes_dims: tuple[int, ...], theta: float):
+    """positions (..., 3) -> angles (..., k/2) of the transformer's RoPE."""
+    return lambda positions: rope_angles(positions, axes_dims, theta)
+
+
+# -- dense ----------------------------------------------------------------------------------------
+
+
+def _attend_pool(q, pool_k, pool_v, valid, scale):
+    """Dense attention of q (b, l, n, k) over every valid slot of a pool; (out f32, lse)."""
+    f32 = jnp.float32
+    logits = jnp.einsum("blnk,bnsjk->bnlsj", q.astype(f32), pool_k.astype(f32)) * scale
+    logits = jnp.where(valid[:, :, None, :, None], logits, -jnp.inf)
+    b, n, lq, s, j = logits.shape
+    logits = logits.reshape(b, n, lq, s * j)
+    m = logits.max(axis=-1)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(logits - m_safe[..., None])
+    total = p.sum(axis=-1)
+    safe = jnp.where(total > 0, total, 1.0)
+    o = jnp.einsum("bnlt,bntk->blnk", p, pool_v.astype(f32).reshape(b, n, s * j, -1))
+    o = o / safe.transpose(0, 2, 1)[..., None]
+    lse = jnp.where(total > 0, m_safe + jnp.log(safe), -jnp.inf)
+    return o, lse
+
+
+def dense_attention(
+    q: Float[Array, "b l n k"],
+    k: Float[Array, "b l n k"],
+    v: Float[Array, "b l n k"],
+    cache: KVCache,
+    chunk_start,
+    layout: CacheLayout,
+    rope,
+) -> tuple[Float[Array, "b l n k"], None]:
+    """The chunk attends to every valid cached token and to itself (Self-Forcing).
+
+    Args:
+      q, k, v: (b, l, n, k) raw (un-rotated) projections of the chunk's tokens.
+      cache: one layer's cache.
+      chunk_start: int32 scalar first latent frame of the chunk.
+      layout: the cache layout.
+      rope: `make_rope(...)` of the transformer.
+
+    Returns:
+      (o (b, l, n, k) in q's dtype, None): no attention mass (dense keeps no salience).
+    """
+    scale = q.shape[-1] ** -0.5
+    pos = chunk_positions(chunk_start, layout)
+    angles = rope(pos)
+    qr, kr = apply_rope(q, angles), apply_rope(k, angles)
+    pool_k = _rotate_pool(
+        cache.k, token_positions(cache.frame, cache.block, chunk_start, layout), rope
+    )
+    cached = _attend_pool(qr, pool_k, cache.v, cache.frame >= 0, scale)
+    own = attend_blocks(qr, kr, v, scale=scale)
+    o, _ = merge_partials(cached, own)
+    return o.astype(q.dtype), None
+
+
+# -- sparse ---------------------------------------------------------------------------------------
+
+
+def _compress(pool, valid, weight):
+    """Compressed tokens of pool blocks: mean over the block plus a learned linear correction."""
+    mean = block_means(pool, slot_len=jnp.where(valid, pool.shape[3], 0).astype(jnp.int32))
+    return mean + jnp.einsum("bnsk,nkj->bnsj", mean, weight.astype(jnp.float32))
+
+
+def select_blocks(scores: Float[Array, "b n nq slots"], layout: CacheLayout) -> Array:
+    """Selected cache slots per query tile: sink (all), local top-k, memory top-k.
+
+    Args:
+      scores: compressed-attention logits of each tile on each slot, -inf where empty.
+
+    Returns:
+      int32 (b, n, nq, max_selected) slot lists (empty slots may be listed: `slot_len` masks
+      them).
+    """
+    c = layout.config
+    b, n, nq, _ = scores.shape
+    sink = jnp.broadcast_to(
+        jnp.arange(layout.sink_slots, dtype=jnp.int32), (b, n, nq, layout.sink_slots)
+    )
+    parts = [sink]
+    lo = layout.window_start
+    _, local = jax.lax.top_k(scores[..., lo : lo + layout.window_slots], c.local_topk)
+    parts.append(local.astype(jnp.int32) + lo)
+    if c.memory_topk:
+        lo = layout.memory_start
+        _, mem = jax.lax.top_k(scores[..., lo : lo + layout.memory_slots], c.memory_topk)
+        parts.append(mem.astype(jnp.int32) + lo)
+    return jnp.concatenate(parts, axis=-1)
+
+
+def sparse_attention(
+    q: Float[Array, "b l n k"],
+    k: Float[Array, "b l n k"],
+    v: Float[Array, "b l n k"],
+    cache: KVCache,
+    chunk_start,
+    layout: CacheLayout,
+    rope,
+    params: SparseParams,
+    *,
+    select: Array | None = None,
+) -> tuple[Float[Array, "b l n k"], Float[Array, "b n slots"]]:
+    """Sparse Forcing attention of the chunk over one layer's cache (see the module docstring).
+
+    Args:
+      q, k, v: (b, l, n, k) raw projections of the chunk's tokens.
+      cache: one layer's cache.
+      chunk_start: int32 scalar first latent frame of the chunk.
+      layout: the cache layout (its config must be sparse).
+      rope: `make_rope(...)` of the transformer.
+      params: this layer's `SparseParams`.
+      select: optional int32 (b, n, nq, s) slot lists overriding the learned selection (tests).
+
+    Returns:
+      (o (b, l, n, k) in q's dtype, mass (b, n, slots) float32): the compressed-score
+      probability mass the chunk's query tiles put on each cache slot (summed over tiles and
+      averaged over them), the salience signal.
+    """
+    c = layout.config
+    b, lq, n, kd = q.shape
+    scale = kd**-0.5
+    f32 = jnp.float32
+    angles = rope(chunk_positions(chunk_start, layout))
+    qr, kr = apply_rope(q, angles), apply_rope(k, angles)
+    valid = cache.frame >= 0  # (b, n, slots)
+    pool_pos = token_positions(cache.frame, cache.block, chunk_start, layout)
+    pool_k = _rotate_pool(cache.k, pool_pos, rope)
+    # Compressed tokens of the cached blocks (rotated keys, as attention sees them).
+    k_cmp = _compress(pool_k, valid, params.compress_k[...])
+    v_cmp = _compress(cache.v, valid, params.compress_v[...])
+
+    # Scores: mean query of each tile against the compressed keys.
+    nq = layout.num_query_tiles
+    q_tiles = qr.astype(f32).reshape(b, nq, lq // nq, n, kd).mean(axis=2)  # (b, nq, n, k)
+    scores = jnp.einsum("bqnk,bnsk->bnqs", q_tiles, k_cmp) * scale
+    # A finite floor (not -inf) keeps the softmax of an all-empty cache NaN-free; empty slots
+    # still rank below every real one and get no mass.
+    scores = jnp.where(valid[:, :, None], scores, _EMPTY)
+    prob = jnp.where(valid[:, :, None], jax.nn.softmax(scores, axis=-1), 0.0)
+    mass = prob.mean(axis=2)
+
+    # Selected branch: PBSA over the cache blocks, merged with the chunk's own keys.
+    idx = select_blocks(jax.lax.stop_gradient(scores), layout) if select is None else select
+    cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
+    slot_len = jnp.where(valid, layout.block_size, 0).astype(jnp.int32)
+    q_heads = qr.transpose(0, 2, 1, 3)  # pbsa wants (b, n, l, k)
+    o_sel, lse_sel = pbsa(
+        q_heads,
+        pool_k.astype(q.dtype),
+        cache.v.astype(q.dtype),
+        idx,
+        cnt,
+        block_q=layout.query_tile,
+        scale=scale,
+        slot_len=slot_len,
+        return_lse=True,
+        backend=c.pbsa_backend,
+    )
+    own = attend_blocks(qr, kr, v, scale=scale)
+    o_sel, _ = merge_partials((o_sel.transpose(0, 2, 1, 3).astype(f32), lse_sel), own)
+
+    # Compressed branch: every query over all compressed tokens (cache blocks + ring).
+    keys, values, ok = [k_cmp], [v_cmp], [valid]
+    if c.compressed_tokens:
+        ring_pos = block_centre_positions(cache.cframe, cache.cblock, chunk_start, layout)
+        keys.append(_rotate_tokens(cache.ck.astype(f32), ring_pos, rope))
+        values.append(cache.cv.astype(f32))
+        ok.append(cache.cframe >= 0)
+    keys, values, ok = (jnp.concatenate(x, axis=2) for x in (keys, values, ok))
+    o_cmp, _ = _attend_pool(qr, keys[:, :, :, None], values[:, :, :, None], ok, scale)
+
+    gates = jnp.tanh(
+        jnp.einsum("blnk,nkg->blng", q.astype(f32), params.gate_kernel[...].astype(f32))
+        + params.gate_bias[...].astype(f32)
+    )
+    o = (1 + gates[..., 0:1]) * o_sel + gates[..., 1:2] * o_cmp
+    return o.astype(q.dtype), mass

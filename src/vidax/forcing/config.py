@@ -1,0 +1,296 @@
+"""Configuration of chunked autoregressive generation: chunking, schedule, cache and sparsity.
+
+`ForcingConfig` holds everything that does not depend on the video size; `CacheLayout` adds the
+token grid of one latent frame and derives every static size of the per-layer KV cache (slots,
+regions, budgets), validating the budgets against it. Sizes in frames are latent frames.
+
+Cache regions (per layer and head; a region is a run of KV blocks of `block_size` tokens):
+
+    [ sink | persistent memory | local window ring ]        + compressed ring (sparse only)
+
+- *sink*: the first `sink_frames` of the video, kept for the whole rollout.
+- *memory* (sparse): `memory_blocks` salient blocks kept from frames that left the window.
+- *window*: the last `window_frames` frames before the current chunk, a ring written one chunk
+  at a time (chunk `c` overwrites chunk `c - window_chunks`).
+- *compressed* (sparse): `compressed_tokens` mean-pooled (key, value) tokens of blocks the memory
+  discarded, a ring of the most recent ones.
+
+The current chunk's keys and values are not part of the cache: every forward computes them and
+attends to them beside the cache; only the clean (t = 0) pass writes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from vidax.sampling import shift_sigmas
+
+ATTENTION = ("dense", "sparse")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ForcingConfig:
+    """Chunked autoregressive sampling and its attention cache.
+
+    Attributes:
+      chunk_frames: latent frames generated per chunk (Self-Forcing: 3).
+      timesteps: the few denoising timesteps of a chunk in [0, 1000], descending, before the
+        shift (Self-Forcing: 1000, 750, 500, 250).
+      shift: flow-matching time shift applied to `timesteps / 1000` (Self-Forcing: 5).
+      context_timestep: timestep of the clean pass that writes a finished chunk to the cache.
+      sink_frames: first frames kept for the whole rollout (a multiple of `chunk_frames`, or 0).
+      window_frames: frames before the current chunk attended in full (a multiple of
+        `chunk_frames`).
+      attention: "dense" (Self-Forcing: all cached tokens) or "sparse" (Sparse Forcing).
+      block_size: tokens per KV block (must divide the tokens of a latent frame).
+      memory_blocks: persistent-memory budget in blocks (sparse).
+      local_topk: window blocks each query tile selects (sparse; at most the window's blocks).
+      memory_topk: memory blocks each query tile selects (sparse; at most `memory_blocks`).
+      compressed_tokens: size of the ring of compressed discarded blocks (sparse; 0 disables).
+      salience_decay: gamma of the salience average u <- gamma u + (1 - gamma) mass.
+      query_tile: query rows sharing one selection; None = one latent frame.
+      pbsa_backend: backend of `vidax.kernels.pbsa.pbsa` ("auto", "reference", "tpu",
+        "triton").
+    """
+
+    chunk_frames: int = 3
+    timesteps: tuple[float, ...] = (1000.0, 750.0, 500.0, 250.0)
+    shift: float = 5.0
+    context_timestep: float = 0.0
+    sink_frames: int = 3
+    window_frames: int = 15
+    attention: str = "dense"
+    block_size: int = 8
+    memory_blocks: int = 0
+    local_topk: int = 0
+    memory_topk: int = 0
+    compressed_tokens: int = 0
+    salience_decay: float = 0.9
+    query_tile: int | None = None
+    pbsa_backend: str = "auto"
+
+    def __post_init__(self):
+        ints = ("chunk_frames", "block_size")
+        for name in ints:
+            if getattr(self, name) < 1:
+                raise ValueError(f"ForcingConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "sink_frames",
+            "window_frames",
+            "memory_blocks",
+            "local_topk",
+            "memory_topk",
+            "compressed_tokens",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ForcingConfig.{name} must be >= 0, got {getattr(self, name)}")
+        c = self.chunk_frames
+        for name in ("sink_frames", "window_frames"):
+            if getattr(self, name) % c:
+                raise ValueError(
+                    f"ForcingConfig.{name}={getattr(self, name)} must be a multiple of "
+                    f"chunk_frames={c} (the cache is written one chunk at a time)"
+                )
+        if self.window_frames < c:
+            raise ValueError(
+                f"window_frames={self.window_frames} must hold at least one chunk "
+                f"({c} frames): a chunk must see the one before it"
+            )
+        if not self.timesteps:
+            raise ValueError("ForcingConfig.timesteps must not be empty")
+        t = np.asarray(self.timesteps, np.float64)
+        if t.max() > 1000 or t.min() <= 0 or np.any(np.diff(t) >= 0):
+            raise ValueError(
+                f"timesteps must be strictly descending in (0, 1000], got {self.timesteps}"
+            )
+        if not (self.shift > 0 and math.isfinite(self.shift)):
+            raise ValueError(f"shift must be a finite number > 0, got {self.shift}")
+        if not 0 <= self.context_timestep < t.min():
+            raise ValueError(
+                f"context_timestep={self.context_timestep} must lie in [0, {t.min()}) (below "
+                "every denoising timestep)"
+            )
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if not 0.0 <= self.salience_decay < 1.0:
+            raise ValueError(f"salience_decay must be in [0, 1), got {self.salience_decay}")
+        if self.query_tile is not None and self.query_tile < 1:
+            raise ValueError(f"query_tile must be positive, got {self.query_tile}")
+        if self.attention == "dense":
+            extra = {
+                n: getattr(self, n)
+                for n in ("memory_blocks", "local_topk", "memory_topk", "compressed_tokens")
+                if getattr(self, n)
+            }
+            if extra:
+                raise ValueError(f"dense attention takes no sparse budgets, got {extra}")
+        else:
+            if self.local_topk < 1:
+                raise ValueError("sparse attention needs local_topk >= 1")
+            if self.memory_topk > self.memory_blocks:
+                raise ValueError(
+                    f"memory_topk={self.memory_topk} is larger than the memory budget "
+                    f"memory_blocks={self.memory_blocks}"
+                )
+
+    # -- derived --------------------------------------------------------------------------------
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def sigmas(self) -> np.ndarray:
+        """(num_steps + 1,) float32 noise levels of a chunk, shifted, ending at 0."""
+        s = shift_sigmas(np.asarray(self.timesteps, np.float64) / 1000.0, self.shift)
+        return np.append(s, 0.0).astype(np.float32)
+
+    @property
+    def sink_chunks(self) -> int:
+        return self.sink_frames // self.chunk_frames
+
+    @property
+    def window_chunks(self) -> int:
+        return self.window_frames // self.chunk_frames
+
+    @property
+    def sparse(self) -> bool:
+        return self.attention == "sparse"
+
+    @property
+    def horizon(self) -> int:
+        """Largest time position a chunk starts at (positions are re-aligned past it).
+
+        Frames keep absolute positions until the video is this long; after that the current
+        chunk stays at `horizon`, the window just before it, the sink at 0.., and memory in the
+        chunk-long band between sink and window, so relative distances stay those of training.
+        """
+        extra = self.chunk_frames if self.sparse else 0
+        return self.sink_frames + self.window_frames + extra
+
+    def num_chunks(self, latent_frames: int) -> int:
+        """Chunks of a video of `latent_frames`; a clear error when the chunk does not divide."""
+        if latent_frames < 1 or latent_frames % self.chunk_frames:
+            raise ValueError(
+                f"{latent_frames} latent frames cannot be cut into chunks of "
+                f"{self.chunk_frames} frames: use a multiple of {self.chunk_frames}"
+            )
+        return latent_frames // self.chunk_frames
+
+    def layout(self, grid_hw: tuple[int, int]) -> CacheLayout:
+        """The cache layout for latent frames of `grid_hw` tokens (validated)."""
+        return CacheLayout(config=self, grid_hw=tuple(grid_hw))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheLayout:
+    """Static sizes of the KV cache of one video size; regions are ranges of block slots.
+
+    Attributes:
+      config: the forcing config.
+      grid_hw: (h', w') tokens of one latent frame.
+    """
+
+    config: ForcingConfig
+    grid_hw: tuple[int, int]
+
+    def __post_init__(self):
+        c = self.config
+        if len(self.grid_hw) != 2 or min(self.grid_hw) < 1:
+            raise ValueError(f"grid_hw must be two positive ints, got {self.grid_hw}")
+        if self.tokens_per_frame % c.block_size:
+            raise ValueError(
+                f"block_size={c.block_size} does not divide the {self.tokens_per_frame} tokens "
+                f"of a latent frame (grid {self.grid_hw})"
+            )
+        if c.query_tile is not None and self.chunk_tokens % c.query_tile:
+            raise ValueError(
+                f"query_tile={c.query_tile} does not divide the {self.chunk_tokens} tokens of "
+                "a chunk"
+            )
+        if c.sparse:
+            if c.local_topk > self.window_slots:
+                raise ValueError(
+                    f"local_topk={c.local_topk} blocks is larger than the local window "
+                    f"({c.window_frames} frames = {self.window_slots} blocks of {c.block_size} "
+                    "tokens)"
+                )
+            if c.memory_blocks > self.window_slots:
+                raise ValueError(
+                    f"memory budget memory_blocks={c.memory_blocks} is larger than the window "
+                    f"({self.window_slots} blocks): memory only keeps blocks the window evicts"
+                )
+            if c.compressed_tokens and c.compressed_tokens % self.chunk_blocks:
+                raise ValueError(
+                    f"compressed_tokens={c.compressed_tokens} must be a multiple of the "
+                    f"{self.chunk_blocks} blocks of a chunk (one chunk is compressed at a time)"
+                )
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return self.grid_hw[0] * self.grid_hw[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def blocks_per_frame(self) -> int:
+        return self.tokens_per_frame // self.config.block_size
+
+    @property
+    def chunk_blocks(self) -> int:
+        return self.blocks_per_frame * self.config.chunk_frames
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.tokens_per_frame * self.config.chunk_frames
+
+    @property
+    def query_tile(self) -> int:
+        return self.config.query_tile or self.tokens_per_frame
+
+    @property
+    def num_query_tiles(self) -> int:
+        return self.chunk_tokens // self.query_tile
+
+    @property
+    def sink_slots(self) -> int:
+        return self.config.sink_frames * self.blocks_per_frame
+
+    @property
+    def memory_slots(self) -> int:
+        return self.config.memory_blocks
+
+    @property
+    def window_slots(self) -> int:
+        return self.config.window_frames * self.blocks_per_frame
+
+    @property
+    def memory_start(self) -> int:
+        return self.sink_slots
+
+    @property
+    def window_start(self) -> int:
+        return self.sink_slots + self.memory_slots
+
+    @property
+    def num_slots(self) -> int:
+        return self.sink_slots + self.memory_slots + self.window_slots
+
+    @property
+    def max_selected(self) -> int:
+        """Blocks one query tile attends in the cache: sink + local top-k + memory top-k."""
+        c = self.config
+        return self.sink_slots + c.local_topk + c.memory_topk
+
+    def cache_tokens(self) -> int:
+        """Key/value tokens stored per layer and head (cache + compressed ring)."""
+        return self.num_slots * self.block_size + self.config.compressed_tokens
+
+    def peak_tokens(self) -> int:
+        """Key/value tokens alive per layer and head while a chunk is denoised (cache + chunk)."""
+        return self.cache_tokens() + self.chunk_tokens

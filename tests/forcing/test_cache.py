@@ -1,0 +1,138 @@
+"""KV cache: positions, sink/window eviction, persistent memory and compressed ring updates."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vidax.forcing import ForcingConfig, init_cache, write_chunk
+from vidax.forcing.cache import chunk_slot, time_positions, token_positions
+
+B, N, K = 1, 2, 4
+
+
+def _chunk_kv(c: int, layout):
+    """Recognisable keys/values of chunk c: every entry encodes (chunk, token)."""
+    length = layout.chunk_tokens
+    tok = jnp.arange(length, dtype=jnp.float32)[None, :, None, None]
+    k = jnp.broadcast_to(100.0 * c + tok, (B, length, N, K))
+    return k, -k
+
+
+def test_time_positions_absolute_then_realigned():
+    cfg = ForcingConfig(chunk_frames=2, sink_frames=2, window_frames=4, block_size=2)
+    lay = cfg.layout((2, 2))
+    assert cfg.horizon == 6
+    frames = jnp.arange(12)
+    # Before the horizon: absolute positions.
+    np.testing.assert_array_equal(time_positions(frames, jnp.int32(4), lay), np.arange(12))
+    # Past it: chunk at the horizon, window right before, sink unchanged.
+    pos = np.asarray(time_positions(frames, jnp.int32(10), lay))
+    np.testing.assert_array_equal(pos[:2], [0, 1])  # sink
+    np.testing.assert_array_equal(pos[6:12], [2, 3, 4, 5, 6, 7])  # window (6..9) + chunk (10, 11)
+    # Token positions: (t, h, w) of each token of a block, row-major inside the frame.
+    tp = token_positions(jnp.array([[10]]), jnp.array([[1]]), jnp.int32(10), lay)
+    np.testing.assert_array_equal(np.asarray(tp)[0, 0], [[6, 1, 0], [6, 1, 1]])
+
+
+def test_dense_window_and_sink_eviction():
+    cfg = ForcingConfig(chunk_frames=2, sink_frames=2, window_frames=4, block_size=2)
+    lay = cfg.layout((2, 2))  # 4 tokens = 2 blocks per frame
+    cache = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    layer = cache.layer(0)
+    write = jax.jit(lambda layer, k, v, c: write_chunk(layer, k, v, c, lay))
+    for c in range(7):
+        k, v = _chunk_kv(c, lay)
+        layer = write(layer, k, v, jnp.int32(c))
+        frames = np.asarray(layer.frame[0, 0])
+        expected = set(range(2)) | set(range(max(2, 2 * c - 2), 2 * c + 2))  # sink + 2 chunks
+        assert set(frames[frames >= 0].tolist()) == expected
+        # Every valid slot holds the keys written for its (frame, block).
+        for slot in np.flatnonzero(frames >= 0):
+            f, blk = int(frames[slot]), int(layer.block[0, 0, slot])
+            chunk, local = divmod(f, 2)
+            tok = local * 4 + blk * 2 + np.arange(2)
+            np.testing.assert_array_equal(np.asarray(layer.k[0, 0, slot, :, 0]), 100 * chunk + tok)
+            np.testing.assert_array_equal(np.asarray(layer.v[0, 1, slot, :, 0]), -100 * chunk - tok)
+    # The ring slot of chunk c is that of chunk c - window_chunks.
+    assert int(chunk_slot(jnp.int32(6), lay)) == int(chunk_slot(jnp.int32(4), lay))
+    assert int(chunk_slot(jnp.int32(0), lay)) == 0
+
+
+def test_sparse_memory_keeps_salient_blocks_and_compresses_the_rest():
+    cfg = ForcingConfig(
+        chunk_frames=1,
+        sink_frames=1,
+        window_frames=1,
+        block_size=2,
+        attention="sparse",
+        memory_blocks=2,
+        local_topk=1,
+        memory_topk=1,
+        compressed_tokens=2,
+    )
+    lay = cfg.layout((2, 2))  # 2 blocks per frame = per chunk
+    cache = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    layer = cache.layer(0)
+    write = jax.jit(lambda layer, k, v, c, mass: write_chunk(layer, k, v, c, lay, mass=mass))
+    rng = np.random.default_rng(0)
+    history = {}
+    for c in range(6):
+        k, v = _chunk_kv(c, lay)
+        # Head 0 favours block 0 of each evicted frame, head 1 block 1, growing over time.
+        mass = np.zeros((B, N, lay.num_slots), np.float32)
+        for slot in range(lay.num_slots):
+            f, blk = int(layer.frame[0, 0, slot]), int(layer.block[0, 0, slot])
+            if f >= 0:
+                mass[0, 0, slot] = 0.1 * f + (1.0 if blk == 0 else 0.0) + 0.01 * rng.random()
+                mass[0, 1, slot] = 0.1 * f + (1.0 if blk == 1 else 0.0) + 0.01 * rng.random()
+        layer = write(layer, k, v, jnp.int32(c), jnp.asarray(mass))
+        history[c] = layer
+    mem = slice(lay.memory_start, lay.memory_start + lay.memory_slots)
+    for head, favourite in ((0, 0), (1, 1)):
+        frames = np.asarray(layer.frame[0, head, mem])
+        blocks = np.asarray(layer.block[0, head, mem])
+        # Frames 1..4 were evicted (5 is in the window, 0 the sink); the favourite blocks of the
+        # newest ones win.
+        assert sorted(frames.tolist()) == [3, 4] and set(blocks.tolist()) == {favourite}
+        # Memory slots hold the keys of the frames they claim.
+        for slot, f, blk in zip(range(mem.start, mem.stop), frames, blocks, strict=True):
+            np.testing.assert_array_equal(
+                np.asarray(layer.k[0, head, slot, :, 0]), 100 * f + blk * 2 + np.arange(2)
+            )
+        # The compressed ring holds the means of the two most recent losers.
+        cf = np.asarray(layer.cframe[0, head])
+        cb = np.asarray(layer.cblock[0, head])
+        assert (cf >= 0).all()
+        for i in range(2):
+            expected = 100 * cf[i] + cb[i] * 2 + 0.5
+            np.testing.assert_allclose(float(layer.ck[0, head, i, 0]), expected)
+    # The sink never leaves.
+    np.testing.assert_array_equal(np.asarray(layer.frame[0, :, : lay.sink_slots]), 0)
+
+
+def test_cache_shapes_do_not_grow():
+    cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=4)
+    lay = cfg.layout((2, 2))
+    cache = init_cache(lay, num_layers=2, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    shapes = jax.tree.map(lambda x: x.shape, cache)
+    nbytes = cache.nbytes()
+    layer = cache.layer(1)
+    write = jax.jit(lambda layer, k, v, c: write_chunk(layer, k, v, c, lay))
+    for c in range(5):
+        k, v = _chunk_kv(c, lay)
+        layer = write(layer, k, v, jnp.int32(c))
+    cache = cache.set_layer(1, layer)
+    assert jax.tree.map(lambda x: x.shape, cache) == shapes and cache.nbytes() == nbytes
+    assert nbytes == 2 * 2 * B * N * lay.num_slots * 4 * K * 4
+
+
+def test_write_rejects_wrong_chunk_size():
+    cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=1, block_size=4)
+    lay = cfg.layout((2, 2))
+    layer = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    k = jnp.zeros((B, 8, N, K))
+    with pytest.raises(ValueError):
+        write_chunk(layer.layer(0), k, k, jnp.int32(0), lay)
