@@ -74,12 +74,15 @@ def test_custom_self_attention_hook(model):
     assert not np.allclose(out, model.run_blocks(tokens, cond, model.rope(grid)))
 
 
+C = CONFIG.in_channels
+
+
 @pytest.mark.parametrize(
     "shape, ctx_shape, message",
     [
-        ((1, 3, 4, 6, 7), (1, 5, 64), "expected 16 latent channels"),
-        ((1, 3, 5, 6, 16), (1, 5, 64), "not divisible by patch size"),
-        ((1, 3, 4, 6, 16), (1, 5, 32), "context must be"),
+        ((1, 3, 4, 6, C + 3), (1, 5, CONFIG.text_dim), f"expected {C} latent channels"),
+        ((1, 3, 5, 6, C), (1, 5, CONFIG.text_dim), "not divisible by patch size"),
+        ((1, 3, 4, 6, C), (1, 5, CONFIG.text_dim + 1), "context must be"),
     ],
 )
 def test_bad_inputs(model, shape, ctx_shape, message):
