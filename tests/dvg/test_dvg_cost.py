@@ -33,7 +33,10 @@ def _hlo_flops(spec, latent, batch=1):
     return analyze_hlo(compiled.as_text()).flops
 
 
-@pytest.mark.parametrize("name, latent", [("tiny", (5, 8, 8)), ("hunyuanvideo-tiny", (3, 4, 4))])
+@pytest.mark.parametrize(
+    "name, latent",
+    [("tiny", (5, 8, 8)), pytest.param("hunyuanvideo-tiny", (3, 4, 4), marks=pytest.mark.slow)],
+)
 def test_step_flops_match_the_compiled_forward(name, latent):
     spec = get(name)
     want = _hlo_flops(spec, latent)

@@ -8,7 +8,7 @@ works with every vidax DiT whose forward accepts `positions` (Wan, HunyuanVideo)
   `plan(schedule, latent, patch, solver)` resolves grids, noise levels and stage solvers.
 - `sample` (inside jit) / `denoise` (a DiT, one compile per plan): the multi-stage loop.
 - `restrict_noise`, `upsample`, `renoise`, `positions`: the transition math.
-- `measure`, `candidates`, `choose`, `Policy`: the selector; `accelerate` runs an accel mode
+- `measure`, `candidates`, `choose` / `select` (cached), `Policy`: the selector; `accelerate` runs an accel mode
   ("dvg", "spatial", "temporal", "joint", "none") end to end.
 - `step_flops`, `relative_cost`: the analytic FLOP model used for budgets.
 """
@@ -33,6 +33,7 @@ from vidax.dvg.selector import (
     choose,
     ladders,
     measure,
+    select,
 )
 from vidax.dvg.transition import downsample, positions, renoise, restrict_noise, upsample
 
@@ -64,6 +65,7 @@ __all__ = [
     "restrict_noise",
     "sample",
     "schedule_flops",
+    "select",
     "step_flops",
     "upsample",
 ]

@@ -267,7 +267,7 @@ def accelerate(
       (latents (b, t, h, w, c) float32, one `vidax.dvg.Choice` per video).
     """
     from vidax.dvg import selector
-    from vidax.dvg.schedule import Schedule, plan
+    from vidax.dvg.schedule import Schedule
 
     if accel not in ACCEL_MODES:
         raise ValueError(f"accel must be one of {ACCEL_MODES}, got {accel!r}")
@@ -280,7 +280,7 @@ def accelerate(
     batch = noise.shape[0]
     patch = tuple(config.patch_size)
     make_plan = functools.partial(
-        plan,
+        _cached_plan,
         latent=latent,
         patch=patch,
         solver=solver,
@@ -299,30 +299,30 @@ def accelerate(
     probe_schedule = _probe_schedule(latent, patch, n, policy) if accel == "dvg" else None
     if accel != "dvg" or probe_schedule is None:
         family = "joint" if accel == "dvg" else accel
-        found = selector.candidates(latent, patch, n, budget, policy=policy, families=(family,))
-        if not found:
+        choice = selector.select(
+            latent, patch, solver.sigmas, budget, None, policy=policy, families=(family,)
+        )
+        if choice is None:
             raise ValueError(
                 f"no {family} schedule of {n} steps fits the budget {budget:.3g} for latent "
                 f"{latent}; raise the budget or the steps"
             )
-        choice = selector.choose(found, None, latent, solver.sigmas, policy=policy)
         latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
         return latents, [choice] * batch
 
     probe_plan = make_plan(probe_schedule)
     first = probe_schedule.stages[0]
     probe_cost = first.steps * math.prod(probe_plan.stages[0].shape) / (n * math.prod(latent))
-    found = selector.candidates(latent, patch, n, budget - probe_cost, policy=policy)
     x0, signals = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
     )
     choices = []
     for row in np.asarray(signals):
         measured = (float(row[0]), float(row[1]))
-        if found:
-            choices.append(selector.choose(found, measured, latent, solver.sigmas, policy=policy))
-        else:
-            choices.append(selector.Choice("none", Schedule.full(n), 1.0, 0.0, measured))
+        choice = selector.select(
+            latent, patch, solver.sigmas, budget - probe_cost, measured, policy=policy
+        )
+        choices.append(choice or selector.Choice("none", Schedule.full(n), 1.0, 0.0, measured))
     groups: dict[Schedule, list[int]] = {}
     for i, c in enumerate(choices):
         groups.setdefault(c.schedule, []).append(i)
@@ -372,6 +372,13 @@ def _probe_schedule(latent, patch, num_steps: int, policy):
 
 _PROBE_MIN_FRAMES = 3
 _PROBE_MIN_SIZE = 4
+
+
+@functools.lru_cache(maxsize=128)
+def _cached_plan(schedule, **kwargs):
+    from vidax.dvg.schedule import plan
+
+    return plan(schedule, **kwargs)
 
 
 def _take(idx, tree):

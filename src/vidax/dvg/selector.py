@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -89,6 +90,7 @@ DEFAULT_POLICY = Policy()
 # -- signals --------------------------------------------------------------------------------------
 
 
+@jax.jit
 def measure(x0: Float[Array, "b t h w c"]) -> Float[Array, "b 2"]:
     """(motion, detail) of each video's clean prediction (see the module docstring).
 
@@ -275,17 +277,56 @@ def choose(
     """
     if not candidates_:
         raise ValueError("no candidate schedule fits the budget")
-    m, d = policy.default_signals if signals is None else signals
     sigmas = np.asarray(base_sigmas, np.float64)
-    best = None
-    for c in candidates_:
-        coef_t, coef_s = _terms(c, latent, sigmas)
-        loss = policy.motion_weight * m * coef_t + policy.detail_weight * d * coef_s
-        key = (round(loss, 12), c.cost)
-        if best is None or key < best[0]:
-            best = (key, c, loss)
-    _, c, loss = best
-    if loss > policy.tolerance and c.family != "none":
+    coef = np.asarray([_terms(c, latent, sigmas) for c in candidates_], np.float64)
+    costs = np.asarray([c.cost for c in candidates_], np.float64)
+    return _pick(tuple(candidates_), coef, costs, signals, policy)
+
+
+def select(
+    latent: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    base_sigmas,
+    budget: float,
+    signals: tuple[float, float] | None,
+    *,
+    policy: Policy = DEFAULT_POLICY,
+    families: Sequence[str] = FAMILIES,
+) -> Choice | None:
+    """`choose` over `candidates` (token-step budget), with the candidate table cached per
+    (latent, steps, budget, policy): a per-video decision costs one small dot product.
+
+    Returns None when no candidate fits the budget.
+    """
+    sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
+    found, coef, costs = _table(
+        tuple(latent), tuple(patch), sigmas, float(budget), policy, tuple(families)
+    )
+    if not found:
+        return None
+    return _pick(found, coef, costs, signals, policy)
+
+
+@functools.lru_cache(maxsize=64)
+def _table(latent, patch, sigmas, budget, policy, families):
+    found = tuple(
+        candidates(latent, patch, len(sigmas) - 1, budget, policy=policy, families=families)
+    )
+    base = np.asarray(sigmas, np.float64)
+    coef = np.asarray([_terms(c, latent, base) for c in found], np.float64).reshape(-1, 2)
+    costs = np.asarray([c.cost for c in found], np.float64)
+    return found, coef, costs
+
+
+def _pick(found, coef, costs, signals, policy) -> Choice:
+    m, d = policy.default_signals if signals is None else signals
+    loss = coef @ np.asarray([policy.motion_weight * m, policy.detail_weight * d], np.float64)
+    # smallest loss (to 1e-12), then cheapest, then first enumerated
+    order = np.lexsort((np.arange(len(found)), costs, np.round(loss, 12)))
+    i = int(order[0])
+    c, best = found[i], float(loss[i])
+    measured = None if signals is None else (float(m), float(d))
+    if best > policy.tolerance and c.family != "none":
         n = c.schedule.num_steps
-        return Choice("none", Schedule.full(n), 1.0, 0.0, None if signals is None else (m, d))
-    return Choice(c.family, c.schedule, c.cost, float(loss), None if signals is None else (m, d))
+        return Choice("none", Schedule.full(n), 1.0, 0.0, measured)
+    return Choice(c.family, c.schedule, c.cost, best, measured)

@@ -1,0 +1,382 @@
+"""DVG side by side: full sampling vs DVG vs fixed spatial / temporal / joint reduction vs fewer
+steps at equal compute, on the shipped tiny model over the fixed eval prompts, in one process.
+
+For every method and prompt (same starting noise): the latents are decoded and scored with the
+`vidax.metrics` suite, with PSNR/SSIM against the full-sampling video. Wall-clock is measured
+on compiled programs (a first pass compiles every schedule; the timed pass runs the methods
+interleaved per prompt). FLOPs are counted from each compiled forward's HLO
+(`vidax.planner.hlo.analyze_hlo`, exact through the scanned blocks) per stage shape, times the
+steps spent there. Then the FLOP-count speed-up of the selector's schedules for wan2.1-1.3b
+(81 frames 480p) and hunyuanvideo (129 frames 720p) at their native step counts, also from the
+compiled step's HLO (abstract weights, full depth).
+
+    python benchmarks/dvg.py                       # everything
+    python benchmarks/dvg.py --prompts 6 --no-large
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+import time
+import warnings
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vidax import dvg, metrics, pipeline, sampling
+from vidax.data import EVAL_PROMPTS
+from vidax.models.registry import get
+from vidax.planner.hlo import analyze_hlo
+
+FIXED = ("spatial", "temporal", "joint")
+# Metrics where the full output is the reference: compared as "within 3% of full".
+SUITE = (
+    "caption_adherence",
+    "caption_motion_adherence",
+    "motion_fidelity",
+    "subject_consistency",
+    "motion_magnitude",
+    "temporal_flicker",
+    "flicker_score",
+    "trajectory_error",
+)
+
+
+# -- FLOPs from compiled HLO ----------------------------------------------------------------------
+
+
+def _abstract_inputs(spec, latent, batch):
+    c = spec.config
+    channels = c.in_channels
+    x = jax.ShapeDtypeStruct((batch, *latent, channels), jnp.dtype(c.dtype))
+    t = jax.ShapeDtypeStruct((batch,), jnp.float32)
+    if spec.family == "wan":
+        cond = {"context": jax.ShapeDtypeStruct((batch, c.text_len, c.text_dim), jnp.float32)}
+    else:
+        cond = {
+            "text": jax.ShapeDtypeStruct((batch, c.text_len, c.text_dim), jnp.float32),
+            "text_mask": jax.ShapeDtypeStruct((batch, c.text_len), jnp.bool_),
+        }
+        if hasattr(c, "pooled_dim"):
+            cond["pooled"] = jax.ShapeDtypeStruct((batch, c.pooled_dim), jnp.float32)
+        if getattr(c, "guidance_embeds", False):
+            cond["guidance"] = jax.ShapeDtypeStruct((batch,), jnp.float32)
+    return x, t, cond
+
+
+@functools.cache
+def hlo_step_flops(spec_name: str, latent: tuple[int, int, int], batch: int) -> float:
+    """FLOPs of one compiled forward on a (t, h, w) latent (abstract weights, full depth).
+
+    The attention implementation is pinned to "xla": its dots are the same as the chunked
+    path's, which `auto` picks at long sequences.
+    """
+    spec = get(spec_name).with_config(attention_impl="xla")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: spec.build()))
+    x, t, cond = _abstract_inputs(spec, latent, batch)
+
+    def forward(state, x, t, cond):
+        return nnx.merge(graphdef, state)(x, t, **cond)
+
+    compiled = jax.jit(forward).lower(state, x, t, cond).compile()
+    return analyze_hlo(compiled.as_text()).flops
+
+
+def plan_flops(spec_name: str, p: dvg.Plan, batch: int) -> float:
+    """FLOPs of a plan's model evaluations (padded stage shapes) from compiled HLO."""
+    return sum((s.stop - s.start) * hlo_step_flops(spec_name, s.padded, batch) for s in p.stages)
+
+
+# -- the tiny-model comparison --------------------------------------------------------------------
+
+
+def _unit(frames: np.ndarray) -> np.ndarray:
+    """(F, H, W, 3) in [0, 1] -> [-1, 1] for `vidax.metrics`."""
+    return frames * 2.0 - 1.0
+
+
+def run_tiny(args) -> None:
+    spec = get(args.model)
+    d = spec.defaults
+    frames = args.frames or d.num_frames
+    height, width = args.height or d.height, args.width or d.width
+    steps, shift = args.steps or d.steps, args.shift or d.shift
+    guidance = d.guidance if args.guidance is None else args.guidance
+    latent = pipeline.geometry(spec).latent_shape(frames, height, width)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        transformer = pipeline.load_transformer(spec, None)
+        vae = pipeline.load_vae(spec, None)
+    random_weights = [str(w.message) for w in caught if "random" in str(w.message)]
+    family = pipeline.adapter(spec)
+    solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
+    few_steps = max(1, round(steps * args.budget))
+    few_solver = sampling.make_solver(args.sampler or d.sampler, few_steps, shift)
+    cfg_batch = 1 if family.embedded_guidance(spec) else 2
+    prompts = EVAL_PROMPTS[: args.prompts]
+    print(
+        f"model {spec.name} ({'RANDOM weights: ' + '; '.join(random_weights) if random_weights else 'shipped weights'})\n"
+        f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
+        f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
+        f"budget {args.budget:.3g} (token-steps), {len(prompts)} eval prompts"
+    )
+
+    def conditioning(prompt):
+        text = pipeline.embed_prompts(spec, [prompt.caption])
+        neg = pipeline.embed_prompts(spec, [""])
+        cond = family.conditioning(spec, text, guidance)
+        negative = (
+            None if family.embedded_guidance(spec) else family.conditioning(spec, neg, guidance)
+        )
+        return cond, negative
+
+    cfg = 1.0 if family.embedded_guidance(spec) else guidance
+    budgets = {m: args.budget for m in ("dvg", *FIXED)}
+    # A fixed family that cannot reach the budget on this latent runs at its cheapest schedule.
+    for m in FIXED:
+        if not dvg.candidates(
+            latent[:3], spec.config.patch_size, steps, args.budget, families=(m,)
+        ):
+            cheapest = min(
+                c.cost
+                for c in dvg.candidates(
+                    latent[:3], spec.config.patch_size, steps, 1.0, families=(m,)
+                )
+            )
+            budgets[m] = cheapest
+            print(f"note: {m} cannot reach budget {args.budget:.3g} here; runs at {cheapest:.3g}")
+
+    def method(name, noise, cond, negative):
+        if name == "full":
+            out = pipeline.denoise(transformer, noise, cond, negative, solver=solver, guidance=cfg)
+            return out, None
+        if name == "fewer-steps":
+            out = pipeline.denoise(
+                transformer, noise, cond, negative, solver=few_solver, guidance=cfg
+            )
+            return out, None
+        out, choices = dvg.accelerate(
+            transformer,
+            noise,
+            cond,
+            negative,
+            solver=solver,
+            guidance=cfg,
+            accel=name,
+            budget=budgets[name],
+        )
+        return out, choices[0]
+
+    names = ["full", "dvg", *FIXED, "fewer-steps"]
+    results = {n: [] for n in names}
+    choices = {n: [] for n in names}
+    latents_out = {n: [] for n in names}
+    times = {n: [] for n in names}
+    inputs = []
+    for prompt in prompts:
+        noise = jax.random.normal(jax.random.key(prompt.seed), (1, *latent), jnp.float32)
+        inputs.append((noise, *conditioning(prompt)))
+    # Pass 1: outputs (compiles every program once).
+    for noise, cond, negative in inputs:
+        for n in names:
+            out, choice = method(n, noise, cond, negative)
+            latents_out[n].append(np.asarray(out))
+            choices[n].append(choice)
+    # Pass 2: timed, methods interleaved per prompt.
+    for _ in range(args.repeats):
+        for noise, cond, negative in inputs:
+            for n in names:
+                start = time.perf_counter()
+                out, _ = method(n, noise, cond, negative)
+                jax.block_until_ready(out)
+                times[n].append(time.perf_counter() - start)
+    # Decode and score.
+    for i, prompt in enumerate(prompts):
+        videos = {n: _unit(pipeline.decode(vae, jnp.asarray(latents_out[n][i]))[0]) for n in names}
+        for n in names:
+            ref = None if n == "full" else videos["full"]
+            results[n].append(metrics.evaluate(videos[n], prompt.spec, reference=ref))
+            if ref is not None:
+                results[n][-1]["latent_psnr"] = _latent_psnr(
+                    latents_out[n][i], latents_out["full"][i]
+                )
+
+    full_flops = steps * hlo_step_flops(args.model, latent[:3], cfg_batch)
+    summary = {n: metrics.summarise(results[n]) for n in names}
+    print()
+    header = (
+        f"{'method':<12} {'wall x':>7} {'FLOP x':>7} {'tok-steps':>9} {'PSNR dB':>8} "
+        f"{'SSIM':>6} {'latPSNR':>8} {'worst metric vs full':>26}"
+    )
+    print(header)
+    print("-" * len(header))
+    flop_speedups = {}
+    wall = {n: sum(times[n]) for n in names}
+    for n in names:
+        if n == "full":
+            flops = [full_flops] * len(prompts)
+            costs = [1.0] * len(prompts)
+        elif n == "fewer-steps":
+            flops = [few_steps * hlo_step_flops(args.model, latent[:3], cfg_batch)] * len(prompts)
+            costs = [few_steps / steps] * len(prompts)
+        else:
+            flops, costs = [], []
+            for c in choices[n]:
+                p = dvg.plan(c.schedule, latent[:3], spec.config.patch_size, solver)
+                f = plan_flops(args.model, p, cfg_batch)
+                if n == "dvg":  # the probe's steps (reused when the schedule starts with them)
+                    probe = dvg.sampler._probe_schedule(
+                        latent[:3], spec.config.patch_size, steps, dvg.DEFAULT_POLICY
+                    )
+                    if probe is not None and c.schedule.stages[0] != probe.stages[0]:
+                        pp = dvg.plan(probe, latent[:3], spec.config.patch_size, solver)
+                        f += probe.stages[0].steps * hlo_step_flops(
+                            args.model, pp.stages[0].padded, cfg_batch
+                        )
+                flops.append(f)
+                costs.append(c.cost)
+        flop_speedups[n] = full_flops * len(prompts) / sum(flops)
+        s = summary[n]
+        worst = _worst_metric(summary["full"], s)
+        psnr = s["psnr"].mean if "psnr" in s else math.inf
+        ssim = s["ssim"].mean if "ssim" in s else 1.0
+        lat = s["latent_psnr"].mean if "latent_psnr" in s else math.inf
+        print(
+            f"{n:<12} {wall['full'] / wall[n]:>7.2f} {flop_speedups[n]:>7.2f} "
+            f"{statistics.mean(costs):>9.3f} {psnr:>8.2f} {ssim:>6.3f} {lat:>8.2f} {worst:>26}"
+        )
+    print()
+    print("metric means (full | dvg | spatial | temporal | joint | fewer-steps):")
+    for k in (*SUITE, "psnr", "ssim", "perceptual_distance"):
+        row = [summary[n][k].mean if k in summary[n] else float("nan") for n in names]
+        print(f"  {k:<26}" + " ".join(f"{v:>9.4g}" for v in row))
+    print()
+    families = {}
+    for c in choices["dvg"]:
+        families[c.family] = families.get(c.family, 0) + 1
+    print("DVG choices:", ", ".join(f"{k} x{v}" for k, v in sorted(families.items())))
+    for prompt, c, r in zip(prompts, choices["dvg"], results["dvg"], strict=True):
+        m, dd = c.signals if c.signals else (float("nan"), float("nan"))
+        print(
+            f"  {prompt.name:<12} motion {m:.3f} detail {dd:.3f} -> {c.family:<8} "
+            f"{c.schedule.describe():<48} PSNR {r['psnr']:.2f}"
+        )
+    print()
+    _targets(summary, wall, flop_speedups)
+
+
+def _latent_psnr(x: np.ndarray, ref: np.ndarray) -> float:
+    peak = float(np.max(np.abs(ref)))
+    mse = float(np.mean((x - ref) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+def _worst_metric(full, s) -> str:
+    worst, name = 0.0, "-"
+    for k in SUITE:
+        if k not in full or k not in s or not math.isfinite(full[k].mean):
+            continue
+        rel = abs(s[k].mean - full[k].mean) / max(abs(full[k].mean), 1e-8)
+        if rel >= worst:
+            worst, name = rel, k
+    return f"{name} {100 * worst:+.1f}%"
+
+
+def _targets(summary, wall, flop_speedups) -> None:
+    dvg_s = summary["dvg"]
+    speed = wall["full"] / wall["dvg"]
+    psnr = dvg_s["psnr"].mean
+    within = all(
+        abs(dvg_s[k].mean - summary["full"][k].mean) <= 0.03 * abs(summary["full"][k].mean)
+        for k in SUITE
+        if k in dvg_s and math.isfinite(summary["full"][k].mean)
+    )
+    print("targets (tiny model):")
+    print(f"  wall-clock speed-up >= 3x:          {speed:.2f}x  {'PASS' if speed >= 3 else 'FAIL'}")
+    print(f"  mean PSNR vs full >= 30 dB:         {psnr:.2f}  {'PASS' if psnr >= 30 else 'FAIL'}")
+    print(f"  every metric within 3% of full:     {'PASS' if within else 'FAIL'}")
+    for m in FIXED:
+        better = (
+            dvg_s["psnr"].mean > summary[m]["psnr"].mean
+            and dvg_s["ssim"].mean > summary[m]["ssim"].mean
+        )
+        print(
+            f"  DVG better than {m:<9} (PSNR/SSIM): {dvg_s['psnr'].mean:.2f}/{dvg_s['ssim'].mean:.3f} vs "
+            f"{summary[m]['psnr'].mean:.2f}/{summary[m]['ssim'].mean:.3f} at "
+            f"{wall['full'] / wall[m]:.2f}x wall  {'PASS' if better else 'FAIL'}"
+        )
+
+
+# -- large presets --------------------------------------------------------------------------------
+
+
+def run_large(args) -> None:
+    print("\nFLOP-count speed-up at native resolution (compiled step HLO, abstract weights):")
+    for name in ("wan2.1-1.3b", "hunyuanvideo"):
+        spec = get(name)
+        d = spec.defaults
+        latent = pipeline.geometry(spec).latent_shape(d.num_frames, d.height, d.width)[:3]
+        patch = tuple(spec.config.patch_size)
+        solver = sampling.make_solver(d.sampler, d.steps, d.shift)
+        batch = 1 if pipeline.adapter(spec).embedded_guidance(spec) else 2
+        full = d.steps * hlo_step_flops(name, latent, batch)
+        print(
+            f"  {name}: {d.num_frames} frames {d.height}x{d.width} -> latent {latent}, "
+            f"{d.steps} steps, {full:.3g} FLOPs full"
+        )
+        rows = {}
+        for family in FIXED:
+            found = dvg.candidates(latent, patch, d.steps, args.budget, families=(family,))
+            if found:
+                rows[family] = dvg.choose(found, None, latent, solver.sigmas)
+        found = dvg.candidates(latent, patch, d.steps, args.budget)
+        for m in (0.0, 0.5, 1.0):
+            for dd in (0.0, 0.5, 1.0):
+                rows[f"dvg m={m:.1f} d={dd:.1f}"] = dvg.choose(
+                    found, (m, dd), latent, solver.sigmas
+                )
+        seen = set()
+        for label, c in rows.items():
+            p = dvg.plan(c.schedule, latent, patch, solver)
+            speedup = full / plan_flops(name, p, batch)
+            key = (c.schedule, label.startswith("dvg"))
+            note = "" if key not in seen else " (same)"
+            seen.add(key)
+            print(
+                f"    {label:<20} {c.schedule.describe():<52} tok-steps {c.cost:.3f}  "
+                f"FLOPs {speedup:5.2f}x {'PASS' if speedup >= 5 else 'FAIL'}{note}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--prompts", type=int, default=len(EVAL_PROMPTS))
+    parser.add_argument("--budget", type=float, default=dvg.DEFAULT_BUDGET)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--shift", type=float, default=None)
+    parser.add_argument("--guidance", type=float, default=None)
+    parser.add_argument("--sampler", default=None)
+    parser.add_argument("--frames", type=int, default=None)
+    parser.add_argument("--height", type=int, default=None)
+    parser.add_argument("--width", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-tiny", action="store_true")
+    parser.add_argument("--no-large", action="store_true")
+    args = parser.parse_args()
+    if not args.no_tiny:
+        run_tiny(args)
+    if not args.no_large:
+        run_large(args)
+
+
+if __name__ == "__main__":
+    main()
