@@ -4,6 +4,7 @@ import functools
 import importlib.util
 
 import pytest
+from tests.planner._tiny import TINY_WORKLOAD_ARGS
 
 from vidax.planner import load_topology
 
@@ -21,3 +22,18 @@ def tpu_topology():
     if not HAS_LIBTPU:
         pytest.skip("libtpu is not installed")
     return _topology
+
+
+@functools.cache
+def _tiny_search():
+    from vidax.planner import Workload, plan
+
+    return plan(Workload(**TINY_WORKLOAD_ARGS), "v5e:2x4", keep=2)
+
+
+@pytest.fixture
+def tiny_search():
+    """One search for the tiny model on v5e:2x4 (2 candidates compiled), shared by the tests."""
+    if not HAS_LIBTPU:
+        pytest.skip("libtpu is not installed")
+    return _tiny_search()

@@ -14,7 +14,7 @@ import sys
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -138,8 +138,10 @@ def _jnp_block(q, k, v, valid, *, scale):
     return attend_blocks(q, k, v, scale=scale, valid=valid)
 
 
-def _splash_block(q, k, v, valid, *, scale, residuals: bool = True):
+def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: bool = False):
     """Splash attention of one device's q over its k/v; keys from `valid` on are masked.
+
+    `interpret` runs the Pallas kernel in interpret mode (any backend, for tests).
 
     Returns (float32-or-q-dtype output (b, l, n, k), log-sum-exp (b, n, l) or None).
     """
@@ -171,6 +173,7 @@ def _splash_block(q, k, v, valid, *, scale, residuals: bool = True):
         head_shards=1,
         q_seq_shards=1,
         save_residuals=residuals,
+        interpret=interpret,
     )
     # Padded keys get their own segment: no real query attends to them.
     kv_seg = (jnp.arange(sp) >= valid).astype(jnp.int32)

@@ -162,6 +162,16 @@ class _Walk:
     constraint_bytes: list = dataclasses.field(default_factory=list)  # per-device, in layers
 
 
+def _padded_shard_shape(sharding, shape) -> tuple[int, ...]:
+    """Per-device shape under a NamedSharding, uneven dimensions rounded up (GSPMD pads)."""
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    out = []
+    for size, axes in zip(shape, spec, strict=True):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        out.append(-(-size // math.prod(sharding.mesh.shape[a] for a in axes)))
+    return tuple(out)
+
+
 def _sub_jaxprs(params):
     for value in params.values():
         for v in value if isinstance(value, (tuple, list)) else (value,):
@@ -212,7 +222,7 @@ def _walk(jaxpr, out: _Walk, mult: float, local: bool, in_scan: bool) -> None:
             continue
         if name == "sharding_constraint" and in_scan:
             aval = eqn.outvars[0].aval
-            shard = eqn.params["sharding"].shard_shape(aval.shape)
+            shard = _padded_shard_shape(eqn.params["sharding"], aval.shape)
             out.constraint_bytes.append(math.prod(shard) * aval.dtype.itemsize)
         sub_mult = mult * eqn.params["length"] if name == "scan" else mult
         for sub in _sub_jaxprs(eqn.params):
