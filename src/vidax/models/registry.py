@@ -148,7 +148,7 @@ def _specs() -> dict[str, ModelSpec]:
             "hunyuanvideo15",
             "hunyuanvideo1.5",
             "hunyuanvideo15",
-            None,
+            "hunyuanvideo15-tiny",
             "qwen2.5-vl+byt5",
             SamplingDefaults(
                 num_frames=121,
@@ -198,6 +198,7 @@ def _specs() -> dict[str, ModelSpec]:
 _VAE_FAMILIES = {
     "wan": ("vidax.models.wan_vae", "WanVAE"),
     "hunyuan": ("vidax.models.hunyuan_vae", "HunyuanVideoVAE"),
+    "hunyuan15": ("vidax.models.hunyuan15_vae", "HunyuanVideo15VAE"),
 }
 
 

@@ -60,14 +60,15 @@ class CausalConv3d(nnx.Module):
         self.stride = stride
         self.dtype = dtype
 
-    def __call__(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h2 w2 c2"]:
+    def conv(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h2 w2 c2"]:
+        """The convolution with spatial padding only (time is padded by the caller)."""
         kernel = self.kernel[...].astype(self.dtype)
         x = x.astype(self.dtype)
         if self.size == 1 and self.stride == (1, 1):
             y = jnp.dot(x, kernel[0, 0, 0])
         else:
             p = self.size // 2
-            x = jnp.pad(x, ((0, 0), (self.size - 1, 0), (p, p), (p, p), (0, 0)), mode="edge")
+            x = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p), (0, 0)), mode="edge")
             y = jax.lax.conv_general_dilated(
                 x,
                 kernel,
@@ -76,6 +77,31 @@ class CausalConv3d(nnx.Module):
                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
             )
         return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
+
+    def __call__(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h2 w2 c2"]:
+        """The convolution of a whole clip."""
+        return self.chunk(x, None)[0]
+
+    def chunk(
+        self, x: Float[Array, "b t h w c"], cache: Float[Array, "b m h w c"] | None
+    ) -> tuple[Float[Array, "b t2 h w c2"], Float[Array, "b m h w c"] | None]:
+        """The convolution of one chunk of a clip streamed through in time order.
+
+        Args:
+          x: this chunk.
+          cache: the last m = kernel - 1 input frames before it; None at the clip's start,
+            where copies of its first frame stand in (replicate padding).
+
+        Returns:
+          The output and the new cache (None for 1x1x1 kernels).
+        """
+        history = self.size - 1
+        if history == 0:
+            return self.conv(x), None
+        x = x.astype(self.dtype)
+        front = jnp.repeat(x[:, :1], history, axis=1) if cache is None else cache
+        x = jnp.concatenate([front.astype(self.dtype), x], axis=1)
+        return self.conv(x), x[:, -history:]
 
 
 class GroupNorm(nnx.Module):
