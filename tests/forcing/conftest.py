@@ -28,5 +28,11 @@ def small_model() -> CausalWan:
 
 
 @pytest.fixture(scope="session")
+def zero_init_model() -> CausalWan:
+    """Random transformer, sparse heads at their zero init (sparse starts as dense)."""
+    return CausalWan(SMALL, rngs=nnx.Rngs(1))
+
+
+@pytest.fixture(scope="session")
 def context() -> jax.Array:
     return jax.random.normal(jax.random.key(7), (1, SMALL.text_len, SMALL.text_dim))

@@ -1,0 +1,464 @@
+"""Training the causal model: causal initialisation, then self-rollout (Self-Forcing) training.
+
+Two stages, both on the shipped synthetic data (`vidax.data`) and both driven by the shared
+loop of `vidax.train` (resumable checkpoints, EMA, JSON log):
+
+1. **Diffusion forcing** (`diffusion_forcing_loss`, causal initialisation): the bidirectional
+   weights learn block-causal attention. Clips are encoded to latents, every chunk gets its own
+   noise level (a quarter of the chunks stay clean, as context), and the flow-matching loss is
+   taken on the noisy chunks of one uncached block-causal forward (`forward_full`).
+2. **Self-rollout** (`self_forcing_loss`): the model generates a whole video chunk by chunk
+   from noise with its own KV cache -- conditioning on its own clean outputs, exactly as at
+   inference, sparse selection and memory updates included. As in Self-Forcing, one random
+   exit step (shared by all chunks) is run with gradients, everything else (earlier steps, the
+   cache, the clean pass) without. The loss regresses the exit-step prediction onto a frozen
+   teacher's many-step ODE solution from the same noisy chunk, the teacher conditioning on the
+   student's own past through its own dense cache: a regression-to-teacher loss on
+   self-generated context. With a sparse student this is where the selection (the block
+   compression that ranks blocks) and the branch gates are learned.
+
+    train_stage("runs/forcing/df", StageConfig(kind="diffusion_forcing", ...), init=weights)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vidax.data import ClipLoader, LoaderConfig
+from vidax.forcing.cache import KVCache
+from vidax.forcing.config import CacheLayout, ForcingConfig
+from vidax.forcing.model import CausalWan, forward_chunk, forward_full, save
+from vidax.forcing.rollout import chunk_noise, write_clean
+from vidax.sampling import predict_x0, renoise, shift_sigmas
+from vidax.train.flow import SigmaSampler
+from vidax.train.loop import LoopConfig, init_state, run
+from vidax.train.optim import OptimConfig, ema_update, make_optimizer
+
+KINDS = ("diffusion_forcing", "self_forcing")
+WEIGHTS_FILE = "weights.safetensors"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageConfig:
+    """One training stage.
+
+    Attributes:
+      kind: "diffusion_forcing" (causal init) or "self_forcing" (self-rollout).
+      forcing: the student's chunking and attention (dense or sparse).
+      teacher_forcing: the frozen teacher's cache (self_forcing; dense).
+      steps, batch_size, seed: run length, batch, seed of data and step keys.
+      num_frames, height, width: pixel clip size of diffusion forcing (1 + 4k frames).
+      clean_probability: diffusion forcing: chance that a chunk stays clean (pure context).
+      sigma_shift: diffusion forcing: shift of the logit-normal training noise levels.
+      rollout_chunks: self_forcing: chunks generated per training video.
+      teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
+      latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
+      optim: optimiser settings.
+      checkpoint_every, log_every: see `vidax.train.loop.LoopConfig`.
+    """
+
+    kind: str
+    forcing: ForcingConfig
+    teacher_forcing: ForcingConfig | None = None
+    steps: int = 100
+    batch_size: int = 2
+    seed: int = 0
+    num_frames: int = 33
+    height: int = 64
+    width: int = 64
+    clean_probability: float = 0.25
+    sigma_shift: float = 3.0
+    rollout_chunks: int = 7
+    teacher_steps: int = 8
+    latent_hw: tuple[int, int] = (16, 16)
+    channels: int = 8
+    optim: OptimConfig = OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
+    checkpoint_every: int = 50
+    log_every: int = 10
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.batch_size < 1 or self.steps < 1:
+            raise ValueError("batch_size and steps must be >= 1")
+        if not 0.0 <= self.clean_probability < 1.0:
+            raise ValueError(f"clean_probability must be in [0, 1), got {self.clean_probability}")
+        if self.kind == "self_forcing":
+            if self.teacher_forcing is None or self.teacher_forcing.sparse:
+                raise ValueError("self_forcing needs a dense teacher_forcing config")
+            if self.teacher_forcing.chunk_frames != self.forcing.chunk_frames:
+                raise ValueError("teacher and student must use the same chunk_frames")
+            if self.rollout_chunks < 1 or self.teacher_steps < 1:
+                raise ValueError("rollout_chunks and teacher_steps must be >= 1")
+        elif (self.num_frames - 1) % 4:
+            raise ValueError(f"num_frames must be 1 + 4k, got {self.num_frames}")
+
+
+# -- stage 1: diffusion forcing -------------------------------------------------------------------
+
+
+def diffusion_forcing_loss(
+    model: CausalWan,
+    latents: jax.Array,
+    context: jax.Array,
+    key: jax.Array,
+    forcing: ForcingConfig,
+    *,
+    clean_probability: float = 0.25,
+    sampler: SigmaSampler = SigmaSampler(shift=3.0),
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Flow-matching loss of one block-causal forward with an independent noise level per chunk.
+
+    Args:
+      model: the causal model.
+      latents: (b, t, h, w, c) clean latents, t a multiple of `chunk_frames`.
+      context: (b, s, text_dim) text embeddings.
+      key: randomness of noise levels, clean chunks and noise.
+      forcing: chunking and window (the mask of `forward_full`).
+      clean_probability: chance that a chunk is left clean (context without loss).
+      sampler: noise levels of the noisy chunks.
+
+    Returns:
+      (scalar loss over noisy chunks, metrics).
+    """
+    b, t = latents.shape[:2]
+    n = forcing.num_chunks(t)
+    k_sigma, k_clean, k_noise = jax.random.split(key, 3)
+    sigma = sampler(k_sigma, b * n).reshape(b, n)
+    clean = jax.random.bernoulli(k_clean, clean_probability, (b, n))
+    sigma = jnp.where(clean, 0.0, sigma)
+    per_frame = jnp.repeat(sigma, forcing.chunk_frames, axis=1)  # (b, t)
+    noise = jax.random.normal(k_noise, latents.shape, jnp.float32)
+    s = per_frame[:, :, None, None, None]
+    x = (1 - s) * latents + s * noise
+    v = forward_full(model, x, 1000.0 * per_frame, context, forcing)
+    err = jnp.mean(jnp.square(v - (noise - latents)), axis=(2, 3, 4))  # (b, t)
+    weight = (per_frame > 0).astype(jnp.float32)
+    loss = jnp.sum(err * weight) / jnp.maximum(weight.sum(), 1.0)
+    return loss, {"noisy_fraction": weight.mean()}
+
+
+# -- stage 2: self-rollout ------------------------------------------------------------------------
+
+
+def teacher_solve(
+    teacher: CausalWan,
+    x: jax.Array,
+    timestep: jax.Array,
+    context: jax.Array,
+    cache: KVCache,
+    chunk: jax.Array,
+    layout: CacheLayout,
+    *,
+    steps: int,
+    shift: float,
+) -> jax.Array:
+    """The teacher's Euler ODE solution from chunk `x` at `timestep` (unshifted, x1000) to 0.
+
+    Noise levels shift(u (1 - j / steps)) for j = 0..steps, u = timestep / 1000, the schedule
+    the student's few steps are a subset of.
+    """
+    u = timestep / 1000.0
+    sigmas = shift_sigmas(u * (1.0 - jnp.arange(steps + 1, dtype=jnp.float32) / steps), shift)
+    b = x.shape[0]
+
+    def step(j, x):
+        t = jnp.full((b,), sigmas[j] * 1000.0, jnp.float32)
+        v, _ = forward_chunk(teacher, x, t, context, cache, chunk, layout)
+        return x + (sigmas[j + 1] - sigmas[j]) * v
+
+    return jax.lax.fori_loop(0, steps, step, x)
+
+
+def self_forcing_loss(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    teacher_params: nnx.State,
+    context: jax.Array,
+    key: jax.Array,
+    layout: CacheLayout,
+    teacher_layout: CacheLayout,
+    *,
+    num_chunks: int,
+    teacher_steps: int,
+    latent_hw: tuple[int, int],
+    channels: int,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Self-rollout loss: regress the exit step of each self-generated chunk onto the teacher.
+
+    Args:
+      graphdef, params: the student (`nnx.split(CausalWan)`); gradients flow into `params`
+        through the exit-step forward of every chunk only.
+      teacher_params: the frozen teacher's state (same graphdef).
+      context: (b, s, text_dim) text embeddings.
+      key: noise and exit step.
+      layout: the student's cache layout (dense or sparse).
+      teacher_layout: the teacher's (dense) cache layout.
+      num_chunks: chunks per video.
+      teacher_steps: Euler steps of the teacher's solution.
+      latent_hw, channels: latent frame size and channels.
+
+    Returns:
+      (scalar loss, metrics: exit step and the mean squared distance to the teacher per chunk
+      index).
+    """
+    cfg = layout.config
+    student = nnx.merge(graphdef, params)
+    frozen = nnx.merge(graphdef, jax.lax.stop_gradient(params))
+    teacher = nnx.merge(graphdef, jax.lax.stop_gradient(teacher_params))
+    b = context.shape[0]
+    shape = (b, cfg.chunk_frames, *latent_hw, channels)
+    sigmas = jnp.asarray(cfg.sigmas)
+    k_exit, k_noise = jax.random.split(key)
+    exit_step = jax.random.randint(k_exit, (), 0, cfg.num_steps)
+    t_exit = jnp.asarray(cfg.timesteps, jnp.float32)[exit_step]
+
+    def velocity(model, x, i, cache, chunk):
+        t = jnp.full((b,), sigmas[i] * 1000.0, jnp.float32)
+        v, _ = forward_chunk(model, x, t, context, cache, chunk, layout)
+        return v
+
+    def body(carry, chunk):
+        cache, teacher_cache = carry
+        noise = chunk_noise(jax.random.fold_in(k_noise, chunk), shape, cfg.num_steps)
+
+        def no_grad_step(i, x):
+            x0 = predict_x0(x, sigmas[i], velocity(frozen, x, i, cache, chunk))
+            return renoise(x0, noise[i + 1], sigmas[i + 1])
+
+        x = jax.lax.stop_gradient(jax.lax.fori_loop(0, exit_step, no_grad_step, noise[0]))
+        x0 = predict_x0(x, sigmas[exit_step], velocity(student, x, exit_step, cache, chunk))
+        target = teacher_solve(
+            teacher,
+            x,
+            t_exit,
+            context,
+            teacher_cache,
+            chunk,
+            teacher_layout,
+            steps=teacher_steps,
+            shift=cfg.shift,
+        )
+        err = jnp.mean(jnp.square(x0 - jax.lax.stop_gradient(target)))
+        clean = jax.lax.stop_gradient(x0)
+        cache = write_clean(frozen, clean, context, cache, chunk, layout)
+        teacher_cache = write_clean(teacher, clean, context, teacher_cache, chunk, teacher_layout)
+        return (cache, teacher_cache), err
+
+    carry = (frozen.init_cache(layout, b), teacher.init_cache(teacher_layout, b))
+    carry = jax.lax.stop_gradient(carry)
+    _, errs = jax.lax.scan(body, carry, jnp.arange(num_chunks, dtype=jnp.int32))
+    return errs.mean(), {"exit_step": exit_step, "first_chunk": errs[0], "last_chunk": errs[-1]}
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+
+class TrainBatches:
+    """Resumable batches for a stage: text embeddings, and VAE latents for diffusion forcing.
+
+    Wraps `ClipLoader` (whose (seed, step) is the whole state) and turns each batch into the
+    arrays the step takes: "context" (b, s, text_dim) and, when `vae` is given, "latents".
+    """
+
+    def __init__(self, config: StageConfig, *, text_dim: int, text_len: int, vae=None):
+        from vidax.text.hashed import HashedTextEmbedder
+
+        frames = config.num_frames if vae is not None else 1
+        self.loader = ClipLoader(
+            LoaderConfig(
+                batch_size=config.batch_size,
+                num_frames=frames,
+                height=config.height,
+                width=config.width,
+            ),
+            seed=config.seed,
+        )
+        self.embed = HashedTextEmbedder(dim=text_dim, text_len=text_len)
+        self.vae = vae
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self.loader)
+        embeds, mask = self.embed(batch["caption"])
+        out = {"context": embeds * mask[..., None]}
+        if self.vae is not None:
+            out["latents"] = np.asarray(_encode(self.vae, jnp.asarray(batch["video"])))
+        return out
+
+    def get_state(self) -> dict[str, int]:
+        return self.loader.get_state()
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.loader.set_state(state)
+
+
+@nnx.jit
+def _encode(vae, video):
+    return vae.encode(video)
+
+
+# -- the stage driver -----------------------------------------------------------------------------
+
+
+def make_train_step(loss_fn, optimizer, *, ema_decay: float, seed: int):
+    """A jitted `(state, batch) -> (state, metrics)` step whose state may carry a frozen
+    "teacher" entry (passed to `loss_fn(params, teacher, batch, key)`, never updated).
+
+    Mirrors `vidax.train.loop.make_step`, which has no place for frozen inputs.
+    """
+    import optax
+
+    def step(state, batch):
+        key = jax.random.fold_in(jax.random.key(seed), state["step"])
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], state.get("teacher"), batch, key
+        )
+        # optax's Adam bias correction raises a Python float to the int32 step count, which
+        # strict dtype promotion (the test setting) rejects; the promotion is intended there.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt = optimizer.update(grads, state["opt"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        ema = ema_update(state["ema"], params, state["step"], ema_decay)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        new = {**state, "params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}
+        return new, metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def train_stage(
+    run_dir: str | os.PathLike,
+    config: StageConfig,
+    model: CausalWan,
+    *,
+    teacher: CausalWan | None = None,
+    vae=None,
+) -> CausalWan:
+    """Trains one stage from `model`'s weights, resuming from `run_dir` if it has checkpoints.
+
+    After every checkpoint the EMA weights are exported to `run_dir/weights.safetensors`. The
+    learning rate decays (cosine) over `optim.decay_steps`, or over `steps` when that is 0.
+
+    Args:
+      run_dir: checkpoints, `log.jsonl` and the exported weights.
+      config: the stage.
+      model: initial weights (also fixes the architecture).
+      teacher: frozen teacher (self_forcing; default: a copy of `model`).
+      vae: the VAE that encodes clips (diffusion_forcing).
+
+    Returns:
+      The model with the EMA weights of the last step.
+    """
+    run_dir = Path(run_dir)
+    graphdef, params = nnx.split(model)
+    params = jax.tree.map(jnp.copy, params)  # the step donates its state: never the caller's
+    wan = model.config
+    optim = config.optim
+    if optim.decay_steps == 0:
+        optim = dataclasses.replace(optim, decay_steps=config.steps)
+    key = dataclasses.replace(config, steps=1, checkpoint_every=1, log_every=1, optim=optim)
+    optimizer, step_fn = _compiled_step(graphdef, key, wan)
+    state = init_state(params, optimizer)
+    if config.kind == "diffusion_forcing":
+        if vae is None:
+            raise ValueError("diffusion_forcing needs the VAE to encode clips")
+    else:
+        # A copy: the step donates its state, and the teacher must not alias the parameters.
+        frozen = nnx.state(teacher if teacher is not None else model)
+        state["teacher"] = jax.tree.map(jnp.copy, frozen)
+    batches = TrainBatches(
+        config,
+        text_dim=wan.text_dim,
+        text_len=wan.text_len,
+        vae=vae if config.kind == "diffusion_forcing" else None,
+    )
+
+    def export(step: int, state: dict[str, Any]) -> None:
+        out = nnx.merge(graphdef, state["ema"])
+        save(out, run_dir / WEIGHTS_FILE, metadata={"step": str(step), "stage": config.kind})
+
+    state = run(
+        run_dir,
+        state,
+        step_fn,
+        batches,
+        LoopConfig(
+            steps=config.steps,
+            checkpoint_every=config.checkpoint_every,
+            log_every=config.log_every,
+            seed=config.seed,
+        ),
+        meta={"stage": _jsonable(config)},
+        description=f"forcing {config.kind}",
+        on_checkpoint=export,
+    )
+    return nnx.merge(graphdef, state["ema"])
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
+    """(optimizer, jitted step) of a stage; shared by runs that differ only in length."""
+    optimizer = make_optimizer(config.optim)
+    if config.kind == "diffusion_forcing":
+
+        def loss_fn(params, teacher, batch, key):
+            del teacher
+            m = nnx.merge(graphdef, params)
+            return diffusion_forcing_loss(
+                m,
+                batch["latents"],
+                batch["context"],
+                key,
+                config.forcing,
+                clean_probability=config.clean_probability,
+                sampler=SigmaSampler(shift=config.sigma_shift),
+            )
+
+    else:
+        layout = config.forcing.layout(_grid(wan, config.latent_hw))
+        teacher_layout = config.teacher_forcing.layout(_grid(wan, config.latent_hw))
+
+        def loss_fn(params, teacher, batch, key):
+            return self_forcing_loss(
+                graphdef,
+                params,
+                teacher,
+                batch["context"],
+                key,
+                layout,
+                teacher_layout,
+                num_chunks=config.rollout_chunks,
+                teacher_steps=config.teacher_steps,
+                latent_hw=config.latent_hw,
+                channels=config.channels,
+            )
+
+    step = make_train_step(loss_fn, optimizer, ema_decay=config.optim.ema_decay, seed=config.seed)
+    return optimizer, step
+
+
+def _grid(wan, latent_hw) -> tuple[int, int]:
+    _, ph, pw = wan.patch_size
+    return latent_hw[0] // ph, latent_hw[1] // pw
+
+
+def _jsonable(config) -> Any:
+    if dataclasses.is_dataclass(config):
+        return {f.name: _jsonable(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, tuple | list):
+        return [_jsonable(x) for x in config]
+    return config
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    Path(path).write_text(json.dumps(_jsonable(value), indent=2) + "\n")
