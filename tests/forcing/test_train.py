@@ -45,11 +45,10 @@ def _fit(loss, params, steps: int, lr: float):
         return optax.apply_updates(params, updates), opt_state, value
 
     values = []
-    for i in range(steps):
+    for _ in range(steps):
         # The same key every step: a fixed tiny problem the model can fit.
         params, opt_state, value = step(params, opt_state, jax.random.key(0))
         values.append(float(value))
-    del i
     return values
 
 

@@ -82,7 +82,9 @@ class StageConfig:
     teacher_steps: int = 8
     latent_hw: tuple[int, int] = (16, 16)
     channels: int = 8
-    optim: OptimConfig = OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
+    optim: OptimConfig = dataclasses.field(
+        default_factory=lambda: OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
+    )
     checkpoint_every: int = 50
     log_every: int = 10
 
@@ -115,7 +117,7 @@ def diffusion_forcing_loss(
     forcing: ForcingConfig,
     *,
     clean_probability: float = 0.25,
-    sampler: SigmaSampler = SigmaSampler(shift=3.0),
+    sampler: SigmaSampler | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Flow-matching loss of one block-causal forward with an independent noise level per chunk.
 
@@ -126,13 +128,14 @@ def diffusion_forcing_loss(
       key: randomness of noise levels, clean chunks and noise.
       forcing: chunking and window (the mask of `forward_full`).
       clean_probability: chance that a chunk is left clean (context without loss).
-      sampler: noise levels of the noisy chunks.
+      sampler: noise levels of the noisy chunks (default: logit-normal, shift 3).
 
     Returns:
       (scalar loss over noisy chunks, metrics).
     """
     b, t = latents.shape[:2]
     n = forcing.num_chunks(t)
+    sampler = SigmaSampler(shift=3.0) if sampler is None else sampler
     k_sigma, k_clean, k_noise = jax.random.split(key, 3)
     sigma = sampler(k_sigma, b * n).reshape(b, n)
     clean = jax.random.bernoulli(k_clean, clean_probability, (b, n))
