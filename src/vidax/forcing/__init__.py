@@ -6,12 +6,15 @@
 - `dense_attention` (Self-Forcing) and `sparse_attention` (gated selected + compressed branches
   over the PBSA kernel).
 - `rollout`, `generate_latents`, `ChunkStepper`, `StreamDecoder`: generation, compiled once.
+- `PRESETS` ("tiny-causal"), `load_causal`; `command.stream_generate` for `vidax generate
+  --stream`; `train` for causal initialisation and self-rollout training.
 """
 
 from vidax.forcing.attention import SparseParams, dense_attention, sparse_attention
 from vidax.forcing.cache import KVCache, init_cache, write_chunk
 from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.forcing.model import CausalWan, forward_chunk, forward_full, load, save
+from vidax.forcing.presets import PRESETS, CausalPreset, load_causal
 from vidax.forcing.rollout import (
     ChunkStepper,
     StreamDecoder,
@@ -22,7 +25,9 @@ from vidax.forcing.rollout import (
 )
 
 __all__ = [
+    "PRESETS",
     "CacheLayout",
+    "CausalPreset",
     "CausalWan",
     "ChunkStepper",
     "ForcingConfig",
@@ -35,6 +40,7 @@ __all__ = [
     "generate_latents",
     "init_cache",
     "load",
+    "load_causal",
     "rollout",
     "sample_chunk",
     "save",

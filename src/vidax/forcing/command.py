@@ -1,0 +1,144 @@
+"""`vidax generate --model tiny-causal --stream`: write the video chunk by chunk as it is made.
+
+`vidax.cli` calls `stream_generate` for causal presets (`is_causal(model)`), drives its progress
+bar from `on_chunk`, and reports `ValueError`s as one-line errors:
+
+    result = stream_generate("tiny-causal", "a red circle moving right", Path("out.mp4"),
+                             frames=81, seed=0, on_chunk=bar.update)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from vidax.forcing.model import CausalWan
+from vidax.forcing.presets import PRESETS, CausalPreset, get, load_causal
+from vidax.forcing.rollout import ChunkStepper, StreamDecoder
+
+# on_chunk(done_chunks, total_chunks, frames_written)
+ChunkCallback = Callable[[int, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamResult:
+    """What a streamed generation wrote.
+
+    path: the mp4; frames: pixel frames written; chunks: chunks generated;
+    chunk_seconds: wall time of each chunk (generation + decoding + writing);
+    latents: (t, h, w, c) float32 latents of the whole video.
+    """
+
+    path: Path
+    frames: int
+    chunks: int
+    chunk_seconds: tuple[float, ...]
+    latents: np.ndarray
+
+
+def is_causal(model: str) -> bool:
+    """Whether `model` names a causal (streamable) preset."""
+    return model in PRESETS
+
+
+def stream_generate(
+    model: str | CausalPreset = "tiny-causal",
+    prompt: str = "",
+    out: str | Path = "out.mp4",
+    *,
+    frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    seed: int = 0,
+    attention: str = "sparse",
+    weights: str | Path | None = None,
+    forcing_overrides: dict | None = None,
+    transformer: CausalWan | None = None,
+    vae=None,
+    on_chunk: ChunkCallback | None = None,
+) -> StreamResult:
+    """Generates a video chunk by chunk, appending each decoded chunk to `out` as it is made.
+
+    Args:
+      model: causal preset or its name (see `vidax.forcing.presets.PRESETS`).
+      prompt: text prompt (the base model's text encoder).
+      out: mp4 path; the file grows while the video is generated.
+      frames: pixel frames, 4k + 1 whose latent frames are a multiple of the chunk (default:
+        the preset's).
+      height, width: pixel size (default: the base model's).
+      seed: noise seed.
+      attention: "sparse" (Sparse Forcing) or "dense" (Self-Forcing baseline).
+      weights: causal weights file (default: the preset's shipped weights).
+      forcing_overrides: `ForcingConfig` fields to replace (cache and budget experiments).
+      transformer, vae: already-built models (skip loading).
+      on_chunk: called after each chunk is written with (done, total, frames_written).
+
+    Raises:
+      ValueError: with a one-line reason for impossible sizes or cache/budget settings (a
+        budget larger than the window, a chunk that does not divide the latent frames, ...).
+    """
+    from vidax.pipeline import LatentGeometry, embed_prompts, geometry, load_vae
+    from vidax.video import VideoWriter
+
+    preset = get(model) if isinstance(model, str) else model
+    forcing = preset.forcing(attention)
+    if forcing_overrides:
+        forcing = dataclasses.replace(forcing, **forcing_overrides)
+    spec = preset.spec
+    d = spec.defaults
+    frames = preset.num_frames if frames is None else frames
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    if vae is None:
+        if spec.vae is None:
+            raise ValueError(f"model {preset.name!r} has no VAE to decode a stream with")
+        geo = geometry(spec)
+    else:
+        geo = LatentGeometry(
+            temporal_stride=vae.config.temporal_factor,
+            spatial_stride=vae.config.spatial_factor,
+            patch=tuple(spec.config.patch_size),
+            channels=vae.config.z_dim,
+        )
+    t, h, w, c = geo.latent_shape(frames, height, width)
+    try:
+        num_chunks = forcing.num_chunks(t)
+    except ValueError as e:
+        raise ValueError(
+            f"--frames {frames} gives {t} latent frames, which chunks of {forcing.chunk_frames} "
+            f"do not divide ({e}); pick frames = 4 * {forcing.chunk_frames} * n - 3"
+        ) from None
+    _, ph, pw = spec.config.patch_size
+    forcing.layout((h // ph, w // pw))  # block size and budgets, before anything is loaded
+    causal = transformer if transformer is not None else load_causal(preset, attention, weights)
+    vae = vae if vae is not None else load_vae(spec, None)
+    layout = causal.layout(forcing, (h, w))
+    text = embed_prompts(spec, [prompt])
+    context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
+    stepper = ChunkStepper(causal, layout, latent_hw=(h, w), channels=c)
+    decoder = StreamDecoder(vae)
+    key = jax.random.key(seed)
+    cache = stepper.init(1)
+    seconds, latents = [], []
+    with VideoWriter(out, d.fps) as writer:
+        for i in range(num_chunks):
+            start = time.perf_counter()
+            x0, cache = stepper(cache, i, key, context)
+            pixels = decoder(x0)
+            writer.write(pixels[0])
+            seconds.append(time.perf_counter() - start)
+            latents.append(np.asarray(x0[0]))
+            if on_chunk is not None:
+                on_chunk(i + 1, num_chunks, writer.frames_written)
+    return StreamResult(
+        path=Path(out),
+        frames=writer.frames_written,
+        chunks=num_chunks,
+        chunk_seconds=tuple(seconds),
+        latents=np.concatenate(latents, axis=0),
+    )
