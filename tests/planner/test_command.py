@@ -1,10 +1,13 @@
 """`vidax plan` through typer's CliRunner (on a private app: the CLI registers it itself)."""
 
+import dataclasses
+
 import pytest
 import typer
+from tests.planner._tiny import TINY_WORKLOAD_ARGS
 from typer.testing import CliRunner
 
-from vidax.planner import Plan, load_plan, register
+from vidax.planner import Plan, Workload, load_plan, register
 
 
 @pytest.fixture
@@ -23,18 +26,25 @@ def app():
 def test_plan_command_prints_a_table_and_writes_plan_json(app, tmp_path, tpu_topology):
     tpu_topology("v5e:2x2")  # skips without libtpu
     out = tmp_path / "plan.json"
-    args = ["plan", "--model", "tiny", "--frames", "17", "--size", "64x48"]
+    workload = Workload(**TINY_WORKLOAD_ARGS)
+    args = ["plan", "--model", "tiny", "--frames", "17", "--size", "40x48"]
     args += ["--topology", "v5e:2x2", "--keep", "1", "--out", str(out)]
+    args += ["--cache-dir", str(tmp_path / "cache")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "AoiZora plan: tiny 17x64x48 cfg (2x60 tokens) on v5e:2x2" in result.output
+    assert "  compiled " in result.output
+    assert f"AoiZora plan: {workload.describe()} on v5e:2x2" in result.output
     assert "step ms" in result.output and f"wrote {out}" in result.output
     plan = Plan.load(out)
     assert plan.topology == "v5e:2x2" and plan.model == "tiny"
-    assert plan.workload["height"] == 64 and plan.workload["width"] == 48
+    assert plan.workload == dataclasses.asdict(workload)
     mesh, strategy = load_plan(out)
     assert mesh.devices.size == 4 and strategy.name == plan.strategy
     assert plan.strategy in result.output
+    # A second run finds the compiled candidate in the cache and makes the same plan.
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "from the cache" in again.output
+    assert Plan.load(out) == plan
 
 
 @pytest.mark.parametrize(
@@ -42,7 +52,7 @@ def test_plan_command_prints_a_table_and_writes_plan_json(app, tmp_path, tpu_top
     [
         (["--topology", "v5e:3x3"], "v5e has no 3x3 slice"),
         (["--topology", "gpu:2x2"], "unknown TPU generation 'gpu'"),
-        (["--topology", "v5e:2x2", "--size", "64by48"], "--size must be HEIGHTxWIDTH"),
+        (["--topology", "v5e:2x2", "--size", "40by48"], "--size must be HEIGHTxWIDTH"),
         (["--topology", "v5e:2x2", "--frames", "16"], "num_frames must be 4k+1"),
         (["--topology", "v5e:2x2", "--model", "nope"], "unknown model 'nope'"),
     ],

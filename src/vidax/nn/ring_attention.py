@@ -148,18 +148,23 @@ def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: b
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    _, length, n, _ = q.shape
+    b, length, n, d = q.shape
     s = k.shape[1]
     lp, sp = -(-length // LANE) * LANE, -(-s // LANE) * LANE
     bq = next(x for x in _SPLASH_BLOCKS if lp % x == 0)
     bkv = next(x for x in _SPLASH_BLOCKS if sp % x == 0)
-    to_heads = lambda x, m: jnp.pad(x, ((0, 0), (0, m - x.shape[1]), (0, 0), (0, 0))).transpose(
-        0, 2, 1, 3
-    )
-    qh = to_heads((q.astype(jnp.float32) * scale).astype(q.dtype), lp)
-    kh, vh = to_heads(k, sp), to_heads(v, sp)
+
+    def to_rows(x, m):  # (b, l, n, k) -> (b * n, 1, m, k), tokens padded to m
+        x = jnp.pad(x, ((0, 0), (0, m - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+        return x.reshape(b * n, 1, m, d)
+
+    qh = to_rows((q.astype(jnp.float32) * scale).astype(q.dtype), lp)
+    kh, vh = to_rows(k, sp), to_rows(v, sp)
+    # One head per kernel call, vmapped over batch x heads: the kernel's block-mask metadata
+    # lives in SMEM (1 MiB on v5e) per head, and at 75,600 tokens a multi-head mask overflows
+    # it.
     kernel = sk.make_splash_mha(
-        sm.MultiHeadMask([sm.FullMask((lp, sp)) for _ in range(n)]),
+        sm.MultiHeadMask([sm.FullMask((lp, sp))]),
         block_sizes=sk.BlockSizes(
             block_q=bq,
             block_kv=bkv,
@@ -181,10 +186,13 @@ def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: b
     result = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=segments))(qh, kh, vh)
     if residuals:
         out, (lse,) = result
-        out, lse = out.astype(jnp.float32), lse[:, :, :length]
-        # A shard with no valid key contributes nothing (the kernel's rows are undefined there).
-        lse = jnp.where(valid > 0, lse, -jnp.inf)
-        out = jnp.where(valid > 0, out, 0.0)
+        lse = lse.reshape(b, n, lp)
     else:
         out, lse = result, None
+    out = out.reshape(b, n, lp, d)
+    if residuals:
+        lse = lse[:, :, :length]
+        # A shard with no valid key contributes nothing (the kernel's rows are undefined there).
+        lse = jnp.where(valid > 0, lse, -jnp.inf)
+        out = jnp.where(valid > 0, out.astype(jnp.float32), 0.0)
     return out.transpose(0, 2, 1, 3)[:, :length], lse

@@ -127,6 +127,9 @@ def compile_checked(lowered, chip: Chip):
         text = str(e)
         if "RESOURCE_EXHAUSTED" not in text and "HbmOom" not in text:
             raise
+        if "HBM" not in text and "HbmOom" not in text:  # e.g. a kernel's SMEM or VMEM
+            detail = next((line for line in text.splitlines() if "Ran out" in line), text[:200])
+            raise ValueError(f"does not compile for {chip.name}: {detail.strip()}") from e
         m = _OOM.search(text)
         detail = f"needs {m.group(1)} of temporaries, {m.group(2)} available" if m else text[:300]
         raise ValueError(

@@ -19,12 +19,16 @@ How a plan maps onto the devices of the running process (`load_plan`):
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from vidax.planner.search import Plan
+
+# Compiled candidates are kept here between runs (`vidax plan --no-cache` to bypass).
+DEFAULT_CACHE = Path(os.environ.get("VIDAX_CACHE", Path.home() / ".cache" / "vidax")) / "planner"
 
 
 def load_plan(path: str | Path, devices=None):
@@ -113,6 +117,11 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="Candidates to compile (default: a fifth, <= 3).")
         ] = None,
         top: Annotated[int, typer.Option(help="Rows of the ranked table to print.")] = 10,
+        cache_dir: Annotated[
+            Path | None,
+            typer.Option(help="Reuse compiled candidates from here (keyed by program hash)."),
+        ] = DEFAULT_CACHE,
+        no_cache: Annotated[bool, typer.Option(help="Compile every candidate afresh.")] = False,
     ):
         """Search sharding plans for a model and video size on a TPU slice; write plan.json."""
         from vidax.models import get
@@ -132,7 +141,13 @@ def register(app: typer.Typer) -> None:
                 cfg=cfg,
                 videos=videos,
             )
-            result = plan(workload, topology, keep=keep, log=lambda m: typer.echo(m, err=True))
+            result = plan(
+                workload,
+                topology,
+                keep=keep,
+                cache_dir=None if no_cache else cache_dir,
+                log=lambda m: typer.echo(m, err=True),
+            )
         except (ValueError, RuntimeError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(code=2) from None

@@ -1,9 +1,9 @@
 """Stage 1 of the search: price every logical candidate from its traced program, no compiling.
 
-For each candidate the Wan step is traced and lowered under its mesh and strategy (well under a
-second, against 20-60 s to compile for a TPU topology). From that program:
+For each candidate the Wan step is traced under its mesh and strategy (about a second for Wan
+14B, against 20-90 s to compile it for a TPU topology). From its jaxpr:
 
-- **memory per device**: the parameter shards exactly (the lowered arguments' shardings), plus
+- **memory per device**: the parameter shards exactly (the traced arguments' shardings), plus
   an activation estimate from the per-device sizes the program's sharding constraints give
   (residual stream, FFN hidden, the attention layout: gathered keys/values, Ulysses' full-length
   head slices, ring buffers) and, with sharded weights, one gathered layer double-buffered;
@@ -16,7 +16,8 @@ second, against 20-60 s to compile for a TPU topology). From that program:
   all-gathers), sized from the same shapes.
 
 Time bounds use contention-free unit-hop bidirectional rings: `upper = compute + communication`
-(nothing overlapped), `lower = max(compute, communication)` (everything overlapped). A candidate
+(nothing overlapped), `lower = max(compute, communication)` (everything overlapped); these are
+bounds of this model, not of the hardware (a 2D torus can beat a ring for all-to-all). A candidate
 is dominated when its lower bound exceeds another candidate's upper bound; it does not fit when
 its memory exceeds HBM less a margin. The `keep` cheapest survivors by upper bound go on to
 stage 2 (compile), which measures what this stage estimates.
@@ -109,7 +110,7 @@ def _abstract_model(model: str):
 def abstract_step(workload: Workload, mesh, strategy):
     """The jitted Wan step and its abstract, sharded arguments on `mesh`.
 
-    Call (and trace/lower) inside `vidax.sharding.use_mesh(mesh, strategy)`.
+    Call (and trace or lower) inside `vidax.sharding.use_mesh(mesh, strategy)`.
 
     Returns:
         (jitted step, (state, x, timestep, context) ShapeDtypeStructs).
@@ -247,26 +248,53 @@ def _all_to_all_time(chip: Chip, n: int, buffer_bytes: float) -> float:
     return chip.alpha_op + (n - 1) * chip.alpha_hop + load / chip.link_bandwidth
 
 
-def estimate_candidate(workload: Workload, candidate: Candidate, devices, chip: Chip) -> Estimate:
-    """Traces and lowers the step for `candidate` on `devices` and prices it (no compile).
-
-    Raises:
-        Whatever lowering raises for an invalid candidate.
-    """
+@functools.lru_cache(maxsize=256)
+def _traced(workload: Workload, b: int, s: int, t: int, sequence: str, devices: tuple) -> _Walk:
+    """The jaxpr statistics of one logical layout (shared by both weight modes)."""
     from vidax.sharding.rules import use_mesh
 
-    config = workload.spec.config
+    candidate = Candidate(batch=b, seq=s, tensor=t, sequence=sequence, weights="replicated")
     mesh = candidate_mesh(candidate, devices)
-    strategy = candidate.strategy
-    with use_mesh(mesh, strategy) as mesh:
-        step, args = abstract_step(workload, mesh, strategy)
+    with use_mesh(mesh, candidate.strategy) as mesh:
+        step, args = abstract_step(workload, mesh, candidate.strategy)
         traced = step.trace(*args)
-        traced.lower()  # catches candidates that do not lower (shard_map specs, shapes)
     walk = _Walk()
     _walk(traced.jaxpr.jaxpr, walk, 1.0, False, False)
+    return walk
 
-    state = args[0]
-    leaves = jax.tree.leaves(state)
+
+def estimate_candidate(workload: Workload, candidate: Candidate, devices, chip: Chip) -> Estimate:
+    """Traces the step for `candidate` on `devices` and prices it (no lowering, no compile).
+
+    Raises:
+        Whatever tracing raises for an invalid candidate.
+    """
+    from flax import nnx
+
+    from vidax.sharding.rules import param_shardings
+
+    config = workload.spec.config
+    walk = _traced(
+        workload,
+        candidate.batch,
+        candidate.seq,
+        candidate.tensor,
+        candidate.sequence,
+        tuple(devices),
+    )
+    # Weights are the only thing the weight mode changes: their shards come straight from the
+    # abstract state, without tracing again.
+    mesh = candidate_mesh(candidate, devices)
+    _, state = _abstract_model(workload.model)
+    shardings = param_shardings(state, mesh, candidate.strategy)
+    leaves = jax.tree.leaves(
+        jax.tree.map(
+            lambda v, sh: jax.ShapeDtypeStruct(v.get_value().shape, v.dtype, sharding=sh),
+            state,
+            shardings,
+            is_leaf=lambda v: isinstance(v, nnx.Variable),
+        )
+    )
     param_bytes = float(
         sum(math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize for v in leaves)
     )

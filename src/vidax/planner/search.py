@@ -16,6 +16,8 @@ planner compiles full depth: memory and loop trip counts are exact, nothing is e
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import hashlib
 import json
 import math
 import time
@@ -57,6 +59,7 @@ class Compiled:
     memory: int
     cost_analysis: dict
     seconds: float
+    cached: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +232,24 @@ class Plan:
 
 # ---- the search ------------------------------------------------------------------------------
 def compile_candidate(
-    workload: Workload, candidate: Candidate, topology: Topology, estimate: Estimate
+    workload: Workload,
+    candidate: Candidate,
+    topology: Topology,
+    estimate: Estimate,
+    *,
+    cache_dir: str | Path | None = None,
 ) -> Compiled:
     """Stage 2 for one candidate: compile for the slice, analyse the HLO, check HBM.
 
+    Args:
+        workload, candidate, topology: what to compile.
+        estimate: its stage-1 estimate (kept with the result).
+        cache_dir: where compiled programs are kept (HLO text, memory and cost analysis),
+            keyed by a hash of the lowered program and the jax/libtpu versions, so a model
+            change is never served a stale entry. None compiles every time.
+
     Raises:
-        ValueError: if the compiled program does not fit the chip's HBM.
+        ValueError: if the compiled program does not fit the chip's HBM (or a kernel's SMEM).
     """
     from vidax.sharding.rules import use_mesh
 
@@ -243,6 +258,21 @@ def compile_candidate(
     with use_mesh(mesh, candidate.strategy) as mesh:
         step, args = abstract_step(workload, mesh, candidate.strategy)
         lowered = step.lower(*args)
+    entry = None
+    if cache_dir is not None:
+        key = _cache_key(lowered.as_text(), topology)
+        entry = Path(cache_dir) / f"{key}.json.gz"
+        if entry.exists():
+            data = json.loads(gzip.decompress(entry.read_bytes()))
+            return Compiled(
+                candidate=candidate,
+                estimate=estimate,
+                analysis=analyze_hlo(data["hlo"]),
+                memory=data["memory"],
+                cost_analysis=data["cost"],
+                seconds=time.perf_counter() - start,
+                cached=True,
+            )
     compiled = compile_checked(lowered, topology.chip)
     memory = device_memory(compiled)
     if memory > topology.chip.hbm_bytes:
@@ -250,16 +280,34 @@ def compile_candidate(
             f"needs {memory / GiB:.2f} GiB per chip, {topology.chip.name} has "
             f"{topology.chip.hbm_bytes / GiB:.2f} GiB"
         )
-    analysis = analyze_hlo(compiled.as_text())
+    text = compiled.as_text()
     cost = compiled.cost_analysis() or {}
+    cost = {k: float(v) for k, v in cost.items() if k in ("flops", "bytes accessed")}
+    if entry is not None:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"hlo": text, "memory": memory, "cost": cost}
+        entry.write_bytes(gzip.compress(json.dumps(payload).encode()))
     return Compiled(
         candidate=candidate,
         estimate=estimate,
-        analysis=analysis,
+        analysis=analyze_hlo(text),
         memory=memory,
-        cost_analysis={k: float(v) for k, v in cost.items() if k in ("flops", "bytes accessed")},
+        cost_analysis=cost,
         seconds=time.perf_counter() - start,
     )
+
+
+def _cache_key(stablehlo: str, topology: Topology) -> str:
+    import importlib.metadata
+
+    import jax
+
+    try:
+        libtpu = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        libtpu = "none"
+    text = "\n".join((stablehlo, topology.name, jax.__version__, libtpu))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def rank_compiled(
@@ -289,6 +337,7 @@ def plan(
     candidates: Sequence[Candidate] | None = None,
     placement_limit: int = 2000,
     ring: str = "group",
+    cache_dir: str | Path | None = None,
     log=None,
 ) -> PlanResult:
     """Searches sharding plans for one denoising step of `workload` on a TPU slice.
@@ -303,6 +352,7 @@ def plan(
         candidates: an explicit candidate list instead of `enumerate_candidates`.
         placement_limit: placements enumerated per logical mesh.
         ring: ring model of the placement scoring ("group" or "best", `comm.collective_cost`).
+        cache_dir: reuse compiled programs from here (see `compile_candidate`).
         log: optional callable receiving progress lines.
 
     Returns:
@@ -337,13 +387,14 @@ def plan(
     compiled, failures = [], []
     for est in stage1.survivors:
         try:
-            c = compile_candidate(workload, est.candidate, topo, est)
+            c = compile_candidate(workload, est.candidate, topo, est, cache_dir=cache_dir)
         except ValueError as e:
             failures.append((est.candidate, str(e)))
             say(f"  {est.candidate.name}: {e}")
             continue
         compiled.append(c)
-        say(f"  compiled {est.candidate.name} in {c.seconds:.1f} s, {c.memory / GiB:.2f} GiB")
+        how = "from the cache" if c.cached else "compiled"
+        say(f"  {how} {est.candidate.name} in {c.seconds:.1f} s, {c.memory / GiB:.2f} GiB")
     t2 = time.perf_counter()
     if not compiled:
         raise ValueError(
