@@ -1,0 +1,282 @@
+"""The evaluation harness: fixed prompts x seeds -> generated videos -> metric table + contact sheet.
+
+    report = evaluate_prompts("tiny", seeds=2)
+    print(format_table(report))
+    write_report(report, "runs/eval")   # table.md, results.json, contact_sheet.png
+
+Each (prompt, seed) video is exactly what `vidax generate --prompt <caption> --seed <seed>`
+renders, judged against its caption by `vidax.metrics.evaluate`. Optional reference rows
+score the rendered ground truth and its VAE round trip through the same metrics, which bounds
+what the generator can reach and separates VAE errors from diffusion errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vidax.data.shapes import EVAL_PROMPTS, EvalPrompt, render
+from vidax.metrics.evaluate import Summary, evaluate, summarise
+
+# Metrics shown in the table, in order (higher is better unless marked).
+TABLE_METRICS = (
+    "caption_adherence",
+    "caption_motion_adherence",
+    "motion_fidelity",
+    "subject_consistency",
+    "motion_magnitude",
+    "temporal_flicker",
+    "flicker_score",
+)
+_SEED_STRIDE = 100_000  # seed of replicate k of a prompt: prompt.seed + k * stride
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One evaluated video: which prompt and seed, its metrics, and its frames in [0, 1]."""
+
+    prompt: EvalPrompt
+    seed: int
+    metrics: dict[str, float]
+    frames: np.ndarray  # (t, h, w, 3) float32 in [0, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The result of `evaluate_prompts`.
+
+    Attributes:
+        model: preset name.
+        samples: one per (prompt, seed), prompts in order, seeds inner.
+        references: {"ground truth": [...], "vae": [...]} reference samples per prompt (may be
+            empty).
+        settings: generation settings (frames, size, steps, guidance, shift, sampler).
+        seconds: wall time of the generation and scoring.
+    """
+
+    model: str
+    samples: list[Sample]
+    references: dict[str, list[Sample]]
+    settings: dict[str, Any]
+    seconds: float
+
+    def summary(self) -> dict[str, Summary]:
+        """Mean +- std of every metric over all samples."""
+        return summarise(s.metrics for s in self.samples)
+
+    def by_category(self, metric: str = "caption_adherence") -> dict[str, Summary]:
+        """Mean +- std of one metric per prompt category."""
+        out = {}
+        for category in dict.fromkeys(s.prompt.category for s in self.samples):
+            rows = [s.metrics for s in self.samples if s.prompt.category == category]
+            out[category] = summarise(rows)[metric]
+        return out
+
+
+def prompt_seeds(prompts: Sequence[EvalPrompt], seeds: int) -> list[tuple[EvalPrompt, int]]:
+    """The (prompt, seed) pairs of an evaluation: `seeds` replicates of every prompt."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    return [(p, p.seed + k * _SEED_STRIDE) for p in prompts for k in range(seeds)]
+
+
+def evaluate_prompts(
+    model: str = "tiny",
+    *,
+    prompts: Sequence[EvalPrompt] = EVAL_PROMPTS,
+    seeds: int = 2,
+    transformer=None,
+    vae=None,
+    references: bool = False,
+    on_sample: Callable[[int, int], None] | None = None,
+    **generate_kwargs,
+) -> Report:
+    """Generates every (prompt, seed) video with `vidax.pipeline.generate` and scores it.
+
+    Args:
+        model: preset name (its shipped weights unless `transformer`/`vae` are given).
+        prompts: the fixed prompt set (default `vidax.data.EVAL_PROMPTS`, 35 prompts).
+        seeds: replicates per prompt; replicate k uses seed `prompt.seed + 100000 k`.
+        transformer, vae: already-loaded models (default: the preset's shipped weights,
+            loaded once).
+        references: also score each prompt's rendered ground truth and its VAE round trip.
+        on_sample: progress callback (done, total).
+        generate_kwargs: overrides for `generate` (num_frames, height, width, steps, guidance,
+            shift, sampler).
+
+    Returns:
+        A `Report`.
+    """
+    from vidax import pipeline
+    from vidax.models.registry import get
+
+    spec = get(model)
+    pairs = prompt_seeds(prompts, seeds)
+    start = time.perf_counter()
+    if transformer is None:
+        transformer = pipeline.load_transformer(spec, None)
+    if vae is None:
+        vae = pipeline.load_vae(spec, None)
+    if vae is None:
+        raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
+    d = spec.defaults
+    settings = {
+        "num_frames": generate_kwargs.get("num_frames") or d.num_frames,
+        "height": generate_kwargs.get("height") or d.height,
+        "width": generate_kwargs.get("width") or d.width,
+        "steps": generate_kwargs.get("steps") or d.steps,
+        "guidance": generate_kwargs.get("guidance") or d.guidance,
+        "shift": generate_kwargs.get("shift") or d.shift,
+        "sampler": generate_kwargs.get("sampler") or d.sampler,
+    }
+    samples = []
+    for i, (prompt, seed) in enumerate(pairs):
+        video = pipeline.generate(
+            spec, prompt=prompt.caption, seed=seed, transformer=transformer, vae=vae, **settings
+        )
+        samples.append(_score(prompt, seed, video.frames))
+        if on_sample is not None:
+            on_sample(i + 1, len(pairs))
+    refs: dict[str, list[Sample]] = {}
+    if references:
+        refs = _references(prompts, vae, settings)
+    return Report(model, samples, refs, settings, time.perf_counter() - start)
+
+
+def _score(prompt: EvalPrompt, seed: int, frames: np.ndarray) -> Sample:
+    metrics = evaluate(frames * 2.0 - 1.0, prompt.caption)
+    return Sample(prompt, seed, metrics, np.asarray(frames, np.float32))
+
+
+def _references(
+    prompts: Sequence[EvalPrompt], vae, settings: dict[str, Any]
+) -> dict[str, list[Sample]]:
+    import jax.numpy as jnp
+
+    truth, recon = [], []
+    for prompt in prompts:
+        frames, _ = render(
+            prompt.spec, settings["num_frames"], settings["height"], settings["width"]
+        )
+        truth.append(_score(prompt, prompt.seed, (frames + 1.0) / 2.0))
+        decoded = vae.decode(vae.encode(jnp.asarray(frames)[None]))[0]
+        recon.append(_score(prompt, prompt.seed, (np.asarray(decoded) + 1.0) / 2.0))
+    return {"ground truth": truth, "vae": recon}
+
+
+# ------------------------------------------------------------------------- reporting
+
+
+def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
+    """A markdown table: mean +- std of each metric for the generator and the references,
+    then caption adherence per prompt category."""
+    columns = {"generated": report.summary()}
+    for name, rows in report.references.items():
+        columns[name] = summarise(s.metrics for s in rows)
+    n = {
+        k: (len(report.samples) if k == "generated" else len(report.references[k])) for k in columns
+    }
+    head = "| metric | " + " | ".join(f"{k} (n={n[k]})" for k in columns) + " |"
+    lines = [head, "|---" * (len(columns) + 1) + "|"]
+    for metric in metrics:
+        cells = [_cell(columns[k].get(metric)) for k in columns]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    lines += ["", "| category | caption_adherence | caption_motion_adherence |", "|---|---|---|"]
+    motion = report.by_category("caption_motion_adherence")
+    for category, summary in report.by_category("caption_adherence").items():
+        lines.append(f"| {category} | {_cell(summary)} | {_cell(motion[category])} |")
+    return "\n".join(lines)
+
+
+def _cell(summary: Summary | None) -> str:
+    if summary is None or summary.n == 0:
+        return "-"
+    return f"{summary.mean:.3f} ± {summary.std:.3f}"
+
+
+def contact_sheet(
+    report: Report, *, frames: int = 6, scale: int = 2, reference: str | None = "ground truth"
+) -> np.ndarray:
+    """A uint8 image (H, W, 3): one row per prompt, `frames` evenly spaced frames of each seed
+    (and of the `reference` row's video, left), with the caption and the caption adherence.
+
+    Args:
+        report: an evaluation report.
+        frames: frames shown per video.
+        scale: nearest-neighbour upscaling of each frame.
+        reference: a key of `report.references` to show first on each row, or None.
+    """
+    from PIL import Image, ImageDraw
+
+    if frames < 1 or scale < 1:
+        raise ValueError(f"frames and scale must be >= 1, got {frames}, {scale}")
+    rows: dict[str, list[Sample]] = {}
+    for s in report.samples:
+        rows.setdefault(s.prompt.name, []).append(s)
+    refs = {s.prompt.name: s for s in report.references.get(reference, [])} if reference else {}
+    t, h, w, _ = report.samples[0].frames.shape
+    pick = np.linspace(0, t - 1, frames).round().astype(int)
+    tile_h, tile_w = h * scale, w * scale
+    gap, text_h = 4, 14
+    videos_per_row = max(len(v) for v in rows.values()) + (1 if refs else 0)
+    strip_w = frames * tile_w + gap
+    width = videos_per_row * strip_w + gap
+    row_h = tile_h + text_h + gap
+    image = Image.new("RGB", (width, len(rows) * row_h + gap), (24, 24, 24))
+    draw = ImageDraw.Draw(image)
+    for r, (name, samples) in enumerate(rows.items()):
+        y = gap + r * row_h
+        videos = ([refs[name]] if name in refs else []) + samples
+        labels = (["truth"] if name in refs else []) + [
+            f"seed {s.seed}: adherence {s.metrics['caption_adherence']:.2f}" for s in samples
+        ]
+        draw.text((gap, y), f"{name}: {samples[0].prompt.caption}", fill=(230, 230, 230))
+        for c, (sample, label) in enumerate(zip(videos, labels, strict=True)):
+            x0 = gap + c * strip_w
+            for k, f in enumerate(pick):
+                tile = np.clip(sample.frames[f] * 255.0 + 0.5, 0, 255).astype(np.uint8)
+                tile = tile.repeat(scale, axis=0).repeat(scale, axis=1)
+                image.paste(Image.fromarray(tile), (x0 + k * tile_w, y + text_h))
+            if c > 0 or not refs:
+                draw.text((x0 + 2, y + text_h + 2), label, fill=(255, 255, 255))
+    return np.asarray(image)
+
+
+def write_report(report: Report, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes table.md, results.json (every sample's metrics) and contact_sheet.png."""
+    import imageio.v3 as iio
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "table": out / "table.md",
+        "results": out / "results.json",
+        "contact_sheet": out / "contact_sheet.png",
+    }
+    paths["table"].write_text(format_table(report) + "\n")
+    record = {
+        "model": report.model,
+        "settings": report.settings,
+        "seconds": report.seconds,
+        "summary": {k: v._asdict() for k, v in report.summary().items()},
+        "samples": [
+            {"prompt": s.prompt.name, "caption": s.prompt.caption, "seed": s.seed, **s.metrics}
+            for s in report.samples
+        ],
+        "references": {
+            k: [{"prompt": s.prompt.name, **s.metrics} for s in v]
+            for k, v in report.references.items()
+        },
+    }
+    paths["results"].write_text(json.dumps(record, indent=1, default=float) + "\n")
+    iio.imwrite(paths["contact_sheet"], contact_sheet(report))
+    return paths

@@ -1,0 +1,243 @@
+"""CLI: `vidax train vae|dit|export` and `vidax eval`.
+
+`register(app)` adds the commands to a typer app (the main `vidax` CLI wires it in). Heavy
+imports happen inside the commands; bad input raises `ValueError` with the reason.
+
+    vidax train vae --run-dir runs/tiny-vae
+    vidax train dit --run-dir runs/tiny-dit --vae-run runs/tiny-vae
+    vidax train export --vae-run runs/tiny-vae --dit-run runs/tiny-dit
+    vidax eval --model tiny --seeds 2 --out runs/eval
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+_DATA_PARALLEL = typer.Option(
+    help="Data-parallel devices (a ('data',) mesh over the first N devices; 1: no mesh)."
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds `train` (with `vae`, `dit`, `export`) and `eval` to `app`."""
+    train_app = typer.Typer(
+        help="Train vidax's own small text-to-video model (VAE, then DiT).",
+        no_args_is_help=True,
+    )
+    train_app.command("vae")(train_vae)
+    train_app.command("dit")(train_dit)
+    train_app.command("export")(export)
+    app.add_typer(train_app, name="train")
+    app.command("eval")(evaluate)
+
+
+def _mesh(data_parallel: int):
+    if data_parallel < 1:
+        raise ValueError(f"--data-parallel must be >= 1, got {data_parallel}")
+    if data_parallel == 1:
+        return None
+    import jax
+
+    from vidax.sharding import make_mesh
+
+    if data_parallel > jax.device_count():
+        raise ValueError(
+            f"--data-parallel {data_parallel} needs {data_parallel} devices, "
+            f"{jax.device_count()} available"
+        )
+    return make_mesh((data_parallel,), ("data",))
+
+
+def _replace(config, **changes):
+    """`config` with the options the user gave (None means: keep the stage default)."""
+    return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
+
+
+def train_vae(
+    run_dir: Annotated[Path, typer.Option(help="Checkpoints, log and exported VAE.")] = Path(
+        "runs/tiny-vae"
+    ),
+    vae: Annotated[str | None, typer.Option(help="VAE preset (default: shapes).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Total optimiser steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    frames: Annotated[int | None, typer.Option(help="Training clip length (1 + 4k).")] = None,
+    crop: Annotated[int | None, typer.Option(help="Square crop in pixels (0: whole).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
+    data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
+) -> None:
+    """Train (or resume) the VAE on synthetic shape clips; exports its EMA weights."""
+    from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, VAEStageConfig
+    from vidax.train.vae import train_vae as run_stage
+
+    config = _replace(
+        VAEStageConfig(),
+        vae=vae,
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+        frames=frames,
+        crop=crop,
+        checkpoint_every=checkpoint_every,
+    )
+    if lr is not None:
+        config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=lr))
+    run_stage(run_dir, config, mesh=_mesh(data_parallel))
+    typer.echo(f"wrote {run_dir / WEIGHTS_FILE} and {run_dir / STATS_FILE}")
+
+
+def train_dit(
+    run_dir: Annotated[Path, typer.Option(help="Cache, checkpoints, log, exported DiT.")] = Path(
+        "runs/tiny-dit"
+    ),
+    vae_run: Annotated[Path, typer.Option(help="Run dir of `vidax train vae`.")] = Path(
+        "runs/tiny-vae"
+    ),
+    model: Annotated[str | None, typer.Option(help="Transformer preset (default: tiny).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Total optimiser steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    cache_clips: Annotated[int | None, typer.Option(help="Distinct training clips.")] = None,
+    frames: Annotated[int | None, typer.Option(help="Clip length (1 + 4k).")] = None,
+    short_frames: Annotated[
+        int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
+    ] = None,
+    short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
+    data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
+) -> None:
+    """Train (or resume) the DiT on the trained VAE's latents; exports its EMA weights."""
+    from vidax.train.dit import TRANSFORMER_FILE, DiTStageConfig
+    from vidax.train.dit import train_dit as run_stage
+
+    if not vae_run.is_dir():
+        raise FileNotFoundError(f"VAE run not found: {vae_run} (run `vidax train vae` first)")
+    config = _replace(
+        DiTStageConfig(),
+        model=model,
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+        cache_clips=cache_clips,
+        frames=frames,
+        short_frames=short_frames,
+        short_fraction=short_fraction,
+        checkpoint_every=checkpoint_every,
+    )
+    if lr is not None:
+        config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=lr))
+    run_stage(run_dir, vae_run, config, mesh=_mesh(data_parallel))
+    typer.echo(f"wrote {run_dir / TRANSFORMER_FILE}")
+
+
+def export(
+    vae_run: Annotated[Path, typer.Option(help="Run dir of `vidax train vae`.")] = Path(
+        "runs/tiny-vae"
+    ),
+    dit_run: Annotated[Path, typer.Option(help="Run dir of `vidax train dit`.")] = Path(
+        "runs/tiny-dit"
+    ),
+    out: Annotated[
+        Path | None, typer.Option(help="Weights folder (default: the shipped vidax/assets/tiny).")
+    ] = None,
+) -> None:
+    """Copy the trained weights to the folder `vidax generate --model tiny` loads."""
+    import shutil
+
+    from vidax.models.registry import get
+    from vidax.models.wan_vae import PRESETS
+    from vidax.pipeline import ASSETS
+    from vidax.train.dit import TRANSFORMER_FILE
+    from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, load_stats
+
+    spec = get("tiny")
+    out = out or ASSETS / spec.weights
+    sources = [vae_run / WEIGHTS_FILE, vae_run / STATS_FILE, dit_run / TRANSFORMER_FILE]
+    for path in sources:
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: train both stages first")
+    mean, std = load_stats(vae_run / STATS_FILE)
+    preset = PRESETS[spec.vae]
+    if (preset.latents_mean, preset.latents_std) != (mean, std):
+        typer.echo(
+            f"warning: PRESETS[{spec.vae!r}] latent statistics differ from {vae_run / STATS_FILE}"
+            f"; set latents_mean={mean}, latents_std={std} there",
+            err=True,
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vae_run / WEIGHTS_FILE, out / "vae.safetensors")
+    shutil.copyfile(dit_run / TRANSFORMER_FILE, out / "transformer.safetensors")
+    typer.echo(f"exported to {out}")
+
+
+def evaluate(
+    model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
+    seeds: Annotated[int, typer.Option(help="Seeds per prompt.")] = 2,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the first N prompts of the fixed set.")
+    ] = None,
+    weights: Annotated[
+        Path | None,
+        typer.Option(help="Folder with transformer.safetensors and vae.safetensors."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where table.md, results.json, PNG go.")] = Path(
+        "runs/eval"
+    ),
+    steps: Annotated[int | None, typer.Option(help="Denoising steps.")] = None,
+    guidance: Annotated[float | None, typer.Option(help="CFG scale.")] = None,
+    shift: Annotated[float | None, typer.Option(help="Sigma shift.")] = None,
+    frames: Annotated[int | None, typer.Option(help="Frames (4k + 1).")] = None,
+    references: Annotated[
+        bool, typer.Option(help="Also score ground truth and its VAE round trip.")
+    ] = True,
+) -> None:
+    """Score a model on the fixed prompt set: metric table (mean ± std) and a contact sheet."""
+    from vidax.data import EVAL_PROMPTS
+    from vidax.metrics.harness import evaluate_prompts, format_table, write_report
+
+    if limit is not None and not 1 <= limit <= len(EVAL_PROMPTS):
+        raise ValueError(f"--limit must be in [1, {len(EVAL_PROMPTS)}], got {limit}")
+    transformer = vae = None
+    if weights is not None:
+        transformer, vae = _load_weights(model, weights)
+    report = evaluate_prompts(
+        model,
+        prompts=EVAL_PROMPTS[:limit],
+        seeds=seeds,
+        transformer=transformer,
+        vae=vae,
+        references=references,
+        on_sample=lambda i, n: typer.echo(f"\r{i}/{n} videos", nl=False, err=True),
+        steps=steps,
+        guidance=guidance,
+        shift=shift,
+        num_frames=frames,
+    )
+    typer.echo("", err=True)
+    paths = write_report(report, out)
+    typer.echo(format_table(report))
+    typer.echo(
+        f"{len(report.samples)} videos in {report.seconds:.0f}s; wrote {paths['table']}, "
+        f"{paths['results']}, {paths['contact_sheet']}"
+    )
+
+
+def _load_weights(model: str, folder: Path):
+    from vidax.models import wan_vae
+    from vidax.models.registry import get
+    from vidax.pipeline import _vae_config
+
+    spec = get(model)
+    transformer_path, vae_path = folder / "transformer.safetensors", folder / "vae.safetensors"
+    for path in (transformer_path, vae_path):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found")
+    if spec.vae is None:
+        raise ValueError(f"model {model!r} has no VAE")
+    return spec.loader(transformer_path, spec.config), wan_vae.load(vae_path, _vae_config(spec.vae))

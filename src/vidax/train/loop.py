@@ -1,0 +1,270 @@
+"""The training loop shared by every stage: resume, step, log, checkpoint, progress bar.
+
+A stage supplies a `TrainState` (parameters, optimiser state, EMA), a jitted `step_fn` and a
+resumable batch iterator; `run` does the rest:
+
+    state = run(run_dir, state, step_fn, batches, LoopConfig(steps=1000), mesh=mesh)
+
+Determinism. Batch `s` is a pure function of the iterator state (seed, s) and the step's
+random key is `fold_in(key(seed), s)`, so a run killed and resumed from a checkpoint replays
+exactly the steps an uninterrupted run would have taken. On resume, `log.jsonl` is cut back to
+the checkpoint's step, so the logged loss curve continues without gaps or duplicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vidax.train.checkpointing import Checkpointer
+from vidax.train.optim import ema_update
+
+LOG_FILE = "log.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+
+
+class Batches(Protocol):
+    """A resumable batch iterator (e.g. `vidax.data.ClipLoader`)."""
+
+    def __next__(self) -> dict[str, Any]: ...
+
+    def get_state(self) -> dict[str, int]: ...
+
+    def set_state(self, state: dict[str, int]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """How long to train and how often to report and save.
+
+    Attributes:
+        steps: total optimiser steps of the run (a resumed run stops at the same total).
+        checkpoint_every: save every this many steps (and at the end).
+        log_every: print a log line every this many steps when not on a terminal.
+        keep: checkpoints kept on disk.
+        seed: seed of the per-step random keys.
+    """
+
+    steps: int
+    checkpoint_every: int = 100
+    log_every: int = 25
+    keep: int = 2
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1 or self.log_every < 1 or self.keep < 1:
+            raise ValueError("checkpoint_every, log_every and keep must be >= 1")
+
+
+def init_state(params: nnx.State, optimizer: optax.GradientTransformation) -> dict[str, Any]:
+    """A fresh train state {"params", "opt", "ema", "step"} (the EMA starts at the params)."""
+    return {
+        "params": params,
+        "opt": optimizer.init(params),
+        "ema": jax.tree.map(jnp.copy, params),
+        "step": jnp.zeros((), jnp.int32),
+    }
+
+
+def make_step(
+    loss_fn: Callable[[nnx.State, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict]],
+    optimizer: optax.GradientTransformation,
+    *,
+    ema_decay: float,
+    seed: int,
+) -> Callable:
+    """A jitted train step `(state, batch) -> (state, metrics)` with the state donated.
+
+    Args:
+        loss_fn: (params, batch, key) -> (scalar loss, dict of scalar metrics).
+        optimizer: the optax transformation whose state is `state["opt"]`.
+        ema_decay: see `vidax.train.optim.ema_update`.
+        seed: the step's key is fold_in(key(seed), step).
+    """
+
+    def step(state, batch):
+        key = jax.random.fold_in(jax.random.key(seed), state["step"])
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], batch, key
+        )
+        updates, opt = optimizer.update(grads, state["opt"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        ema = ema_update(state["ema"], params, state["step"], ema_decay)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return {"params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}, metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def replicate(tree: Any, mesh: Mesh | None) -> Any:
+    """Places every array of `tree` on all devices of `mesh` (no-op without a mesh)."""
+    if mesh is None:
+        return tree
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def place_batch(batch: dict[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
+    """Host arrays -> device arrays, dim 0 split over the mesh's ("data", "fsdp") axes."""
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    from vidax.data import batch_sharding
+
+    out = {}
+    for key, value in batch.items():
+        shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
+        sharding = batch_sharding(mesh, value.ndim)
+        out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
+    return out
+
+
+def run(
+    run_dir: str | os.PathLike,
+    state: dict[str, Any],
+    step_fn: Callable,
+    batches: Batches,
+    config: LoopConfig,
+    *,
+    to_arrays: Callable[[dict[str, Any]], dict[str, np.ndarray]] = lambda b: b,
+    mesh: Mesh | None = None,
+    meta: dict[str, Any] | None = None,
+    description: str = "train",
+    on_checkpoint: Callable[[int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Trains until `config.steps`, resuming from the newest checkpoint in `run_dir`.
+
+    Args:
+        run_dir: where `checkpoints/` and `log.jsonl` live.
+        state: a fresh train state (`init_state`); replaced by the checkpoint when resuming.
+        step_fn: `make_step(...)`.
+        batches: resumable iterator; its position is saved with each checkpoint.
+        config: steps and intervals.
+        to_arrays: host batch -> dict of numpy arrays the step takes (drops captions, specs).
+        mesh: data-parallel mesh: state replicated, batches split over ("data", "fsdp").
+        meta: JSON-serialisable run description stored with every checkpoint.
+        description: progress-bar label.
+        on_checkpoint: called with (step, state) after each save (e.g. to export weights).
+
+    Returns:
+        The final train state.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpointer = Checkpointer(run_dir / CHECKPOINT_DIR, keep=config.keep)
+    state = replicate(state, mesh)
+    start = 0
+    if checkpointer.latest_step() is not None:
+        state, saved, start = checkpointer.restore(state)
+        batches.set_state(saved["data"])
+    log = _Log(run_dir / LOG_FILE, start)
+    if start >= config.steps:
+        checkpointer.close()
+        return state
+    meta = dict(meta or {})
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    progress = _progress(console, description, config.steps, start)
+    last = time.perf_counter()
+    done_since = 0
+    rate = math.nan
+    try:
+        with progress:
+            task = progress.tasks[0].id
+            for step in range(start, config.steps):
+                batch = place_batch(to_arrays(next(batches)), mesh)
+                state, metrics = step_fn(state, batch)
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                done_since += 1
+                now = time.perf_counter()
+                if now - last > 2.0 or step + 1 == config.steps:
+                    rate, last, done_since = done_since / (now - last), now, 0
+                log.write({"step": step + 1, **metrics, "time": time.time()})
+                if not math.isfinite(metrics["loss"]):
+                    raise FloatingPointError(f"loss is {metrics['loss']} at step {step + 1}")
+                progress.update(task, completed=step + 1, loss=metrics["loss"], rate=rate)
+                if not console.is_terminal and (step + 1) % config.log_every == 0:
+                    console.print(
+                        f"{description} step {step + 1}/{config.steps} "
+                        f"loss {metrics['loss']:.4f} {rate:.2f} steps/s",
+                        highlight=False,
+                    )
+                if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                    log.flush()
+                    checkpointer.save(step + 1, state, {**meta, "data": batches.get_state()})
+                    if on_checkpoint is not None:
+                        on_checkpoint(step + 1, state)
+    finally:
+        checkpointer.wait()
+        checkpointer.close()
+        log.close()
+    return state
+
+
+def read_log(run_dir: str | os.PathLike) -> list[dict[str, float]]:
+    """The per-step records of a run's `log.jsonl`."""
+    path = Path(run_dir) / LOG_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class _Log:
+    """Appends one JSON line per step; on resume, first drops lines past the checkpoint."""
+
+    def __init__(self, path: Path, start: int):
+        kept = [r for r in read_log(path.parent) if r["step"] <= start] if start else []
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        # Kept open for the run (closed in `run`'s finally); line-buffered so that the log can
+        # be followed while training.
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
+
+    def write(self, record: dict[str, float]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _progress(console, description: str, total: int, start: int):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TextColumn("{task.fields[rate]:.2f} steps/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    progress.add_task(description, total=total, completed=start, loss=math.nan, rate=math.nan)
+    return progress

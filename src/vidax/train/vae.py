@@ -1,0 +1,342 @@
+"""Stage 1: train a Wan-architecture VAE on `vidax.data.shapes` clips.
+
+The VAE learns on short clips cropped around their objects (the objects are what the metrics
+read; the dim background is easy), with a reconstruction loss that weights object pixels up,
+an edge term that keeps shape outlines sharp, and a small KL term. The result is exported in
+the diffusers layout (`vidax.models.wan_vae.save`) together with the per-channel statistics
+of its latents, which the diffusion stage normalises with.
+
+    state = train_vae("runs/vae", VAEStageConfig(steps=1500))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from jaxtyping import Array, Float
+
+from vidax.data import ClipLoader, LoaderConfig, clip_at
+from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig
+from vidax.models.wan_vae import model as _vae_model
+from vidax.train.loop import LoopConfig, init_state, make_step, run
+from vidax.train.optim import OptimConfig, make_optimizer
+
+STATS_FILE = "latent_stats.json"
+_INIT_LOGVAR = -8.0
+_INIT_MU_GAIN = 30.0
+WEIGHTS_FILE = "vae.safetensors"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VAEStageConfig:
+    """What and how the VAE stage trains.
+
+    Attributes:
+        vae: preset name in `vidax.models.wan_vae.PRESETS` (its latent statistics are ignored:
+            they are measured after training).
+        steps, batch_size, seed: run length, global batch, seed of data and model init.
+        frames: clip length (1 + 4k); the VAE is causal and convolutional, so short clips teach
+            it everything longer ones need.
+        crop: square crop size in pixels (a multiple of the spatial factor), centred near an
+            object with probability `object_crop`; 0 trains on whole frames.
+        object_weight: extra L1 weight on object (palette) pixels.
+        edge_weight: weight of the L1 loss on spatial finite differences (sharp outlines).
+        kl_weight: weight of the mean KL to N(0, 1).
+        optim: optimiser settings; the learning rate decays (cosine) over the steps after the
+            warm-up, whatever `optim.decay_steps` says.
+        checkpoint_every, log_every: see `LoopConfig`.
+    """
+
+    vae: str = "shapes"
+    steps: int = 600
+    batch_size: int = 4
+    seed: int = 0
+    frames: int = 9
+    crop: int = 32
+    object_crop: float = 0.8
+    object_weight: float = 4.0
+    edge_weight: float = 0.5
+    kl_weight: float = 1e-4
+    optim: OptimConfig = dataclasses.field(
+        default_factory=lambda: OptimConfig(lr=1e-3, warmup=30, weight_decay=1e-4, ema_decay=0.99)
+    )
+    checkpoint_every: int = 100
+    log_every: int = 25
+
+    def __post_init__(self):
+        if self.vae not in PRESETS:
+            raise ValueError(f"unknown VAE preset {self.vae!r}; known: {sorted(PRESETS)}")
+        if self.frames < 5 or (self.frames - 1) % 4:
+            raise ValueError(f"frames must be 1 + 4k with k >= 1, got {self.frames}")
+        s = PRESETS[self.vae].spatial_factor
+        if self.crop and (self.crop % s or not s <= self.crop <= 64):
+            raise ValueError(f"crop must be 0 or a multiple of {s} in [{s}, 64], got {self.crop}")
+        if self.batch_size < 1 or self.steps < 1:
+            raise ValueError("batch_size and steps must be >= 1")
+        for name in ("object_weight", "edge_weight", "kl_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.object_crop <= 1.0:
+            raise ValueError(f"object_crop must be in [0, 1], got {self.object_crop}")
+
+    @property
+    def model_config(self) -> WanVAEConfig:
+        """The preset without latent statistics (training sees raw latents)."""
+        return dataclasses.replace(PRESETS[self.vae], latents_mean=None, latents_std=None)
+
+
+# ------------------------------------------------------------------------- fast CPU forward
+
+
+@contextlib.contextmanager
+def cpu_friendly_convs() -> Iterator[None]:
+    """Computes every `CausalConv3d` as kt 2D convolutions while the context is active.
+
+    XLA:CPU has no fast path for 3D convolutions: a 3x3x3 conv runs ~4x slower forward and
+    ~7x slower in the backward pass than the same sum of three 2D convolutions over shifted
+    frames. The result is the same up to float summation order, so weights trained under this
+    context are ordinary `WanVAE` weights. Only affects functions traced inside the context.
+    """
+    original = _vae_model.CausalConv3d.conv
+    _vae_model.CausalConv3d.conv = _conv_as_2d
+    try:
+        yield
+    finally:
+        _vae_model.CausalConv3d.conv = original
+
+
+def _conv_as_2d(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h w c2"]:
+    kernel = self.kernel[...].astype(self.dtype)
+    x = x.astype(self.dtype)
+    kt, kh, kw = kernel.shape[:3]
+    stride = self.stride_t
+    t_out = (x.shape[1] - kt) // stride + 1
+    span = stride * (t_out - 1) + 1
+    y = None
+    for d in range(kt):
+        xs = x[:, d : d + span : stride]
+        if (kh, kw) == (1, 1):
+            part = jnp.dot(xs, kernel[d, 0, 0])
+        else:
+            flat = xs.reshape(-1, *xs.shape[2:])
+            part = jax.lax.conv_general_dilated(
+                flat,
+                kernel[d],
+                window_strides=(1, 1),
+                padding=self.padding[1:],
+                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            )
+            part = part.reshape(xs.shape[0], t_out, *part.shape[1:])
+        y = part if y is None else y + part
+    return y + self.bias[...].astype(self.dtype)
+
+
+def moments(vae: WanVAE, x: Float[Array, "b T H W 3"]) -> tuple[jax.Array, jax.Array]:
+    """Raw posterior (mu, logvar) of pixels in [-1, 1], frame 0 then the rest as one chunk.
+
+    Equal to `vae.moments` (which runs 4-frame chunks in a `lax.scan`), but differentiating
+    through that scan is ~10x slower on CPU than through one unrolled chunk.
+    """
+    h0, cache = vae.encoder(x[:, :1], None)
+    if x.shape[1] > 1:
+        h1, _ = vae.encoder(x[:, 1:], cache)
+        h0 = jnp.concatenate([h0, h1.astype(h0.dtype)], axis=1)
+    h, _ = vae.quant_conv(h0)
+    mu, logvar = jnp.split(h, 2, axis=-1)
+    return mu, jnp.clip(logvar, -30.0, 20.0)
+
+
+def decode_raw(vae: WanVAE, z: Float[Array, "b t h w c"]) -> Float[Array, "b T H W 3"]:
+    """Raw latents -> pixels (unclamped), latent frame 0 then the rest as one chunk."""
+    x, _ = vae.post_quant_conv(z)
+    y0, cache = vae.decoder(x[:, :1], None)
+    if x.shape[1] > 1:
+        y1, _ = vae.decoder(x[:, 1:], cache)
+        y0 = jnp.concatenate([y0, y1.astype(y0.dtype)], axis=1)
+    return y0
+
+
+# ------------------------------------------------------------------------- data
+
+
+class CroppedClips:
+    """`ClipLoader` batches cropped to `crop` x `crop`, mostly around an object.
+
+    Crop offsets come from rng(seed, step), so the iterator's state stays the loader's
+    (seed, step) and a resumed run sees the same crops.
+    """
+
+    def __init__(self, config: VAEStageConfig, *, mesh: Mesh | None = None):
+        self.config = config
+        loader = LoaderConfig(batch_size=config.batch_size, num_frames=config.frames)
+        self.loader = ClipLoader(loader, seed=config.seed, mesh=mesh)
+
+    def __next__(self) -> dict[str, Any]:
+        step = self.loader.step
+        batch = next(self.loader)
+        crop = self.config.crop
+        if not crop:
+            return batch
+        rng = np.random.default_rng([self.config.seed, step, 0xC0])
+        video = batch["video"]
+        height, width = video.shape[2:4]
+        out = np.empty((*video.shape[:2], crop, crop, video.shape[-1]), video.dtype)
+        for i, spec in enumerate(batch["spec"]):
+            if rng.uniform() < self.config.object_crop:
+                obj = spec.objects[int(rng.integers(len(spec.objects)))]
+                jitter = rng.uniform(-0.25, 0.25, size=2) * crop
+                cx, cy = obj.position[0] * width + jitter[0], obj.position[1] * height + jitter[1]
+            else:
+                cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+            x0 = int(np.clip(round(cx - crop / 2), 0, width - crop))
+            y0 = int(np.clip(round(cy - crop / 2), 0, height - crop))
+            out[i] = video[i, :, y0 : y0 + crop, x0 : x0 + crop]
+        return {**batch, "video": out}
+
+    def get_state(self) -> dict[str, int]:
+        return self.loader.get_state()
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.loader.set_state(state)
+
+
+# ------------------------------------------------------------------------- loss
+
+
+def object_mask(x: Float[Array, "... 3"]) -> Float[Array, "... 1"]:
+    """1 on palette-object pixels, 0 on background, from brightness alone.
+
+    Every palette colour has a channel >= 0.85 on the [0, 1] scale and the background stays
+    below 0.45, so a max-channel threshold halfway (0.2 on the [-1, 1] scale) separates them.
+    """
+    return (jnp.max(x, axis=-1, keepdims=True) > 0.2).astype(x.dtype)
+
+
+def vae_loss(
+    vae: WanVAE, x: Float[Array, "b T H W 3"], key: jax.Array, config: VAEStageConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Weighted L1 + edge L1 on a posterior sample's reconstruction, + KL; and its parts."""
+    mu, logvar = moments(vae, x)
+    z = mu + jnp.exp(0.5 * logvar) * jax.random.normal(key, mu.shape, mu.dtype)
+    y = decode_raw(vae, z).astype(jnp.float32)
+    weight = 1.0 + config.object_weight * object_mask(x)
+    l1 = jnp.mean(weight * jnp.abs(y - x)) / jnp.mean(weight)
+    edge = sum(
+        jnp.mean(jnp.abs(jnp.diff(y, axis=a) - jnp.diff(x, axis=a))) for a in (2, 3)
+    ) / jnp.float32(2.0)
+    kl = 0.5 * jnp.mean(jnp.square(mu) + jnp.exp(logvar) - 1.0 - logvar)
+    loss = l1 + config.edge_weight * edge + config.kl_weight * kl
+    mse = jnp.mean(jnp.square(jnp.clip(y, -1.0, 1.0) - x))
+    psnr = 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-10))
+    return loss, {"l1": l1, "edge": edge, "kl": kl, "psnr": psnr}
+
+
+# ------------------------------------------------------------------------- training
+
+
+def build_vae(config: VAEStageConfig) -> WanVAE:
+    """A freshly initialised VAE whose latent starts strong and nearly deterministic.
+
+    With torch's default init (the model's) the posterior means come out ~0.1 while the
+    posterior std is ~1, so the decoder first sees almost pure noise, and even without the
+    noise the small means barely move its output: training sits on a plateau, predicting the
+    mean frame, for hundreds of steps. So `quant_conv` starts with its mean half scaled by
+    `_INIT_MU_GAIN` and its log-variance bias at `_INIT_LOGVAR` (posterior std 0.02).
+    """
+    vae = WanVAE(config.model_config, rngs=nnx.Rngs(config.seed))
+    z = config.model_config.z_dim
+    kernel, bias = vae.quant_conv.kernel, vae.quant_conv.bias
+    kernel[...] = kernel[...].at[..., :z].multiply(_INIT_MU_GAIN)
+    bias[...] = bias[...].at[z:].set(_INIT_LOGVAR)
+    return vae
+
+
+def train_vae(
+    run_dir: str | os.PathLike, config: VAEStageConfig, *, mesh: Mesh | None = None
+) -> WanVAE:
+    """Trains (or resumes) the VAE in `run_dir` and exports its EMA weights and statistics.
+
+    Writes `run_dir/vae.safetensors` (diffusers layout, EMA weights) and
+    `run_dir/latent_stats.json` (per-channel mean/std of the posterior means on 33-frame
+    clips), and returns the EMA model.
+    """
+    vae = build_vae(config)
+    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)
+    optim = dataclasses.replace(
+        config.optim, decay_steps=max(config.steps - config.optim.warmup, 1)
+    )
+    optimizer = make_optimizer(optim)
+
+    def loss_fn(params, batch, key):
+        model = nnx.merge(graphdef, params, rest)
+        return vae_loss(model, batch["video"], key, config)
+
+    step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
+    meta = {"stage": "vae", "config": _jsonable(config)}
+    with cpu_friendly_convs():
+        state = run(
+            run_dir,
+            init_state(params, optimizer),
+            step,
+            CroppedClips(config, mesh=mesh),
+            LoopConfig(
+                steps=config.steps,
+                checkpoint_every=config.checkpoint_every,
+                log_every=config.log_every,
+                seed=config.seed,
+            ),
+            to_arrays=lambda b: {"video": b["video"]},
+            mesh=mesh,
+            meta=meta,
+            description="vae",
+        )
+        ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
+        stats = latent_stats(ema, seed=config.seed + 1)
+    run_dir = Path(run_dir)
+    (run_dir / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
+    from vidax.models.wan_vae import save
+
+    save(ema, run_dir / WEIGHTS_FILE)
+    return ema
+
+
+def latent_stats(
+    vae: WanVAE, *, clips: int = 32, frames: int = 33, seed: int = 1, batch: int = 8
+) -> dict[str, list[float]]:
+    """Per-channel mean and std of the raw posterior means over `clips` fresh clips.
+
+    Values are rounded to 4 decimals: they are pasted into the VAE preset, and the diffusion
+    stage must normalise with exactly the numbers the preset will hold.
+    """
+    config = LoaderConfig(batch_size=1, num_frames=frames)
+    encode = nnx.jit(lambda v, x: moments(v, x)[0])
+    mus = []
+    for start in range(0, clips, batch):
+        x = np.stack([clip_at(config, seed, i)[1] for i in range(start, min(clips, start + batch))])
+        mus.append(np.asarray(encode(vae, jnp.asarray(x)), np.float64))
+    mu = np.concatenate(mus).reshape(-1, vae.config.z_dim)
+    return {
+        "mean": [round(float(v), 4) for v in mu.mean(0)],
+        "std": [round(float(v), 4) for v in mu.std(0)],
+    }
+
+
+def load_stats(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) from a `latent_stats.json`."""
+    stats = json.loads(Path(path).read_text())
+    return tuple(stats["mean"]), tuple(stats["std"])
+
+
+def _jsonable(config) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))

@@ -1,0 +1,112 @@
+"""The evaluation harness: prompt x seed pairs, scoring, table, contact sheet, report files."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax.data import EVAL_PROMPTS, render
+from vidax.metrics.harness import (
+    Report,
+    _score,
+    contact_sheet,
+    evaluate_prompts,
+    format_table,
+    prompt_seeds,
+    write_report,
+)
+
+
+def _truth(prompt, frames=9):
+    video, _ = render(prompt.spec, frames)
+    return (video + 1.0) / 2.0
+
+
+def _report(prompts, seeds=2, blank_second=True):
+    samples = []
+    for p in prompts:
+        for k, seed in enumerate(s for q, s in prompt_seeds([p], seeds)):
+            frames = _truth(p)
+            if blank_second and k == 1:
+                frames = np.full_like(frames, 0.2)  # an empty video: nothing adheres
+            samples.append(_score(p, seed, frames))
+    refs = {"ground truth": [_score(p, p.seed, _truth(p)) for p in prompts]}
+    return Report("tiny", samples, refs, {"steps": 1}, 0.0)
+
+
+def test_prompt_seeds_are_distinct_replicates():
+    pairs = prompt_seeds(EVAL_PROMPTS[:3], 2)
+    assert len(pairs) == 6 and len({s for _, s in pairs}) == 6
+    assert [p.name for p, _ in pairs] == [p.name for p in EVAL_PROMPTS[:3] for _ in range(2)]
+    with pytest.raises(ValueError):
+        prompt_seeds(EVAL_PROMPTS[:3], 0)
+    with pytest.raises(ValueError):
+        prompt_seeds([], 1)
+
+
+def test_summary_and_table_reflect_the_samples():
+    report = _report(EVAL_PROMPTS[:4])
+    summary = report.summary()
+    assert summary["caption_adherence"].n == 8
+    np.testing.assert_allclose(summary["caption_adherence"].mean, 0.5)  # truth 1, blank 0
+    table = format_table(report)
+    assert "| caption_adherence | 0.500 ± 0.500 | 1.000 ± 0.000 |" in table
+    assert "| static |" in table
+    by = report.by_category()
+    assert set(by) == {p.category for p in EVAL_PROMPTS[:4]}
+
+
+def test_contact_sheet_layout():
+    report = _report(EVAL_PROMPTS[:3])
+    sheet = contact_sheet(report, frames=4, scale=2)
+    assert sheet.dtype == np.uint8 and sheet.ndim == 3 and sheet.shape[2] == 3
+    # 3 rows of (128 px frames + caption line); 3 videos (truth + 2 seeds) of 4 frames each.
+    assert sheet.shape[0] >= 3 * 128 and sheet.shape[1] >= 3 * 4 * 128
+    red = np.all(sheet == [255, 38, 38], axis=-1)  # the first prompt's red circle, exact colour
+    assert red.any()
+    with pytest.raises(ValueError):
+        contact_sheet(report, frames=0)
+
+
+def test_write_report_files(tmp_path):
+    report = _report(EVAL_PROMPTS[:2])
+    paths = write_report(report, tmp_path)
+    assert paths["table"].read_text().startswith("| metric |")
+    record = json.loads(paths["results"].read_text())
+    assert len(record["samples"]) == 4 and record["model"] == "tiny"
+    import imageio.v3 as iio
+
+    assert iio.imread(paths["contact_sheet"]).shape == contact_sheet(report).shape
+
+
+def test_evaluate_prompts_runs_the_pipeline():
+    from vidax.models import wan_vae
+    from vidax.models.registry import get
+    from vidax.models.wan import WanTransformer
+
+    spec = get("tiny")
+    small = dataclasses.replace(spec.config, dim=32, num_heads=2, ffn_dim=64, num_layers=1)
+    transformer = WanTransformer(small, rngs=nnx.Rngs(0))
+    vae = wan_vae.WanVAE(wan_vae.PRESETS[spec.vae], rngs=nnx.Rngs(0))
+    seen = []
+    report = evaluate_prompts(
+        "tiny",
+        prompts=EVAL_PROMPTS[:1],
+        seeds=2,
+        transformer=transformer,
+        vae=vae,
+        references=True,
+        on_sample=lambda i, n: seen.append((i, n)),
+        steps=2,
+        num_frames=5,
+    )
+    assert seen == [(1, 2), (2, 2)]
+    assert [s.seed for s in report.samples] == [EVAL_PROMPTS[0].seed, EVAL_PROMPTS[0].seed + 100000]
+    assert report.samples[0].frames.shape == (5, 64, 64, 3)
+    assert not np.array_equal(report.samples[0].frames, report.samples[1].frames)
+    assert report.settings["steps"] == 2 and report.settings["num_frames"] == 5
+    # Rendered ground truth adheres perfectly; a random model's noise does not.
+    assert report.references["ground truth"][0].metrics["caption_adherence"] == 1.0
+    assert report.summary()["caption_adherence"].mean < 1.0

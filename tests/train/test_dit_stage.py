@@ -1,0 +1,132 @@
+"""The DiT stage: latent cache, batches, attention layout, loss, a short run."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax.models import wan_vae
+from vidax.models.wan import PRESETS as WAN
+from vidax.models.wan import WanTransformer, load
+from vidax.nn import attention
+from vidax.text.hashed import HashedTextEmbedder
+from vidax.train.dit import (
+    DiTStageConfig,
+    LatentBatches,
+    build_cache,
+    dit_loss,
+    forward,
+    self_attention,
+    train_dit,
+)
+
+SMALL_MODEL = dataclasses.replace(WAN["tiny"], dim=32, num_heads=2, ffn_dim=64, num_layers=2)
+
+
+def test_self_attention_equals_the_reference():
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 12, 3, 8)) for i in range(3))
+    np.testing.assert_allclose(
+        np.asarray(self_attention(q, k, v)),
+        np.asarray(attention(q, k, v, impl="reference")),
+        atol=1e-5,
+    )
+
+
+def test_forward_equals_the_model_call():
+    model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4, 4, SMALL_MODEL.in_channels))
+    t = jnp.asarray([100.0, 900.0])
+    ctx = jax.random.normal(jax.random.key(1), (2, SMALL_MODEL.text_len, SMALL_MODEL.text_dim))
+    np.testing.assert_allclose(
+        np.asarray(forward(model, x, t, ctx)), np.asarray(model(x, t, ctx)), atol=1e-4
+    )
+
+
+def _vae_run(tmp_path):
+    """A random "shapes" VAE exported like `train_vae` does."""
+    config = dataclasses.replace(wan_vae.PRESETS["shapes"], latents_mean=None, latents_std=None)
+    vae = wan_vae.WanVAE(config, rngs=nnx.Rngs(0))
+    wan_vae.save(vae, tmp_path / "vae.safetensors")
+    z = config.z_dim
+    stats = {"mean": [0.1] * z, "std": [0.5] * z}
+    (tmp_path / "latent_stats.json").write_text(json.dumps(stats))
+    return tmp_path
+
+
+def test_cache_batches_cover_every_clip_once_per_epoch(tmp_path):
+    run = _vae_run(tmp_path / "vae")
+    from vidax.train.dit import load_trained_vae
+
+    vae = load_trained_vae(run, "shapes")
+    build_cache(tmp_path / "cache", vae, clips=6, frames=5, seed=3, vae_id="x")
+    mtime = (tmp_path / "cache" / "chunk_0000.npz").stat().st_mtime
+    build_cache(tmp_path / "cache", vae, clips=6, frames=5, seed=3, vae_id="x")  # no-op
+    assert (tmp_path / "cache" / "chunk_0000.npz").stat().st_mtime == mtime
+    with pytest.raises(ValueError, match="new run dir"):
+        build_cache(tmp_path / "cache", vae, clips=6, frames=5, seed=4, vae_id="x")
+
+    embedder = HashedTextEmbedder(dim=64, text_len=32)
+    batches = LatentBatches(tmp_path / "cache", batch_size=3, seed=0, embedder=embedder)
+    assert len(batches) == 6 and batches.latents.shape == (6, 2, 16, 16, 8)
+    seen = [c for _ in range(2) for c in next(batches)["caption"]]
+    assert sorted(seen) == sorted(batches.captions)  # one epoch = every clip once
+    third = next(batches)
+    other = LatentBatches(tmp_path / "cache", batch_size=3, seed=0, embedder=embedder)
+    other.set_state({"seed": 0, "step": 2})
+    np.testing.assert_array_equal(next(other)["latents"], third["latents"])
+    with pytest.raises(ValueError):
+        other.set_state({"seed": 1, "step": 0})
+    # The caption embedding is the pipeline's (hashed embedder of the caption).
+    np.testing.assert_array_equal(third["context"][0], embedder(third["caption"][0])[0][0])
+
+
+def test_loss_drops_captions_at_the_dropout_rate():
+    model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))
+    batch = {
+        "latents": jnp.zeros((64, 1, 4, 4, SMALL_MODEL.in_channels)),
+        "context": jnp.ones((64, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
+    }
+    seen = {}
+    import vidax.train.dit as stage
+
+    def spy(m, x, t, context):
+        seen["kept"] = np.asarray(context[:, 0, 0])
+        return jnp.zeros_like(x)
+
+    config = DiTStageConfig(cfg_dropout=0.5)
+    real = stage.forward
+    stage.forward = spy
+    try:
+        loss, metrics = dit_loss(model, batch, jax.random.key(0), config)
+    finally:
+        stage.forward = real
+    assert set(np.unique(seen["kept"])) <= {0.0, 1.0}
+    assert 0.25 < 1 - seen["kept"].mean() < 0.75
+    assert np.isfinite(float(loss)) and set(metrics) == {"loss_high_noise", "loss_low_noise"}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(model="wan2.1-1.3b"), dict(frames=32), dict(short_frames=37), dict(cfg_dropout=1.0)],
+)
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        DiTStageConfig(**kwargs)
+
+
+def test_short_run_exports_loadable_weights(tmp_path):
+    run = _vae_run(tmp_path / "vae")
+    config = DiTStageConfig(
+        steps=2, batch_size=2, cache_clips=2, frames=9, short_frames=5, short_fraction=0.5
+    )
+    ema = train_dit(tmp_path / "dit", run, config)
+    log = [json.loads(line) for line in (tmp_path / "dit" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and all(np.isfinite(r["loss"]) for r in log)
+    loaded = load(tmp_path / "dit" / "transformer.safetensors", WAN["tiny"])
+    a = jax.tree.leaves(nnx.state(loaded, nnx.Param))
+    b = jax.tree.leaves(nnx.state(ema, nnx.Param))
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
