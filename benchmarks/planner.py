@@ -51,7 +51,7 @@ def xla_time(compiled, chip) -> float:
     )
 
 
-def run_case(model: str, size: str, topology: str) -> dict:
+def run_case(model: str, size: str, topology: str, cache_dir=None) -> dict:
     from vidax.planner import Workload, estimate_candidate, load_topology, plan
     from vidax.planner.search import compile_candidate, rank_compiled
 
@@ -60,7 +60,9 @@ def run_case(model: str, size: str, topology: str) -> dict:
     topo = load_topology(topology)
     row = {"model": model, "size": size, "topology": topology}
     try:
-        result = plan(workload, topo, log=lambda m: print("   ", m, flush=True))
+        result = plan(
+            workload, topo, cache_dir=cache_dir, log=lambda m: print("   ", m, flush=True)
+        )
     except ValueError as e:
         row["error"] = str(e)
         return row
@@ -75,6 +77,7 @@ def run_case(model: str, size: str, topology: str) -> dict:
         exhaustive=len(result.candidates),
         stage1=len(result.stage1.survivors),
         planner_s=result.timings["total"],
+        cached=sum(c.cached for c in result.compiled),
         mem=best.compiled.memory,
     )
     # The same comparison with rings priced in their best unit-hop cycle order.
@@ -91,7 +94,7 @@ def run_case(model: str, size: str, topology: str) -> dict:
     if compiled_md is None:
         try:
             est = estimate_candidate(workload, md, topo.devices, topo.chip)
-            compiled_md = compile_candidate(workload, md, topo, est)
+            compiled_md = compile_candidate(workload, md, topo, est, cache_dir=cache_dir)
         except ValueError as e:
             row["c_error"] = str(e).split(":")[0][:60]
     row["c_compile_s"] = time.perf_counter() - t
@@ -114,7 +117,8 @@ def fmt(row: dict) -> str:
     return (
         f"{case} {row['a'] * 1e3:8.1f} {100 * row['a_comm']:5.1f} {row['b'] / row['a']:6.2f} "
         f"{c_ratio} {row['b_best_ring'] / row['a_best_ring']:6.2f} {c_best} {xla} "
-        f"{row['compiled']:>3}/{row['exhaustive']:<3} {row['planner_s']:7.1f} "
+        f"{row['compiled']:>3}/{row['exhaustive']:<3} {row['planner_s']:7.1f}"
+        f"{'*' if row['cached'] else ' '}"
         f"{row['mem'] / 2**30:6.2f}  {row['a_name'][:60]}"
         + (f"  [c: {row['c_error']}]" if "c_error" in row else "")
     )
@@ -122,7 +126,7 @@ def fmt(row: dict) -> str:
 
 HEADER = (
     f"{'model':<12} {'size':<5} {'slice':<8} {'(a) ms':>8} {'comm%':>5} {'(b)/a':>6} "
-    f"{'(c)/a':>6} {'b/a*':>6} {'c/a*':>6} {'xla c/a':>6} {'compiled':>7} {'plan s':>7} "
+    f"{'(c)/a':>6} {'b/a*':>6} {'c/a*':>6} {'xla c/a':>6} {'compiled':>7} {'plan s':>8} "
     f"{'GiB':>6}  planner's choice"
 )
 
@@ -132,18 +136,24 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES))
+    parser.add_argument(
+        "--cache-dir", default=None, help="reuse compiled candidates (planner times then drop)"
+    )
     args = parser.parse_args(argv)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
 
     rows = []
     for model in args.models:
         for size in args.sizes:
             for topology in args.topologies:
                 print(f"== {model} {size} {topology}", flush=True)
-                rows.append(run_case(model, size, topology))
+                rows.append(run_case(model, size, topology, args.cache_dir))
                 print(HEADER + "\n" + fmt(rows[-1]), flush=True)
 
     print("\nAoiZora planner benchmark (times: modelled step latency of one CFG denoising step)")
     print("b/a*, c/a*: the same ratios with rings priced in their best unit-hop cycle order")
+    print("plan s: planner wall time (* = some compiled candidates came from the cache)")
+    print(f"load average at end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(HEADER)
     for row in rows:
         print(fmt(row))

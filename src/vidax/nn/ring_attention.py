@@ -110,12 +110,26 @@ def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
 def splash_attention(q, k, v, *, scale: float):
     """Splash attention per device, in the active strategy's q/k/v layout (TPU meshes).
 
-    Keys are gathered (or heads split) by GSPMD as the layout asks before the kernel runs.
+    Queries keep their token and head sharding; keys/values keep their head sharding and are
+    gathered over tokens by GSPMD (each device's kernel needs all keys). Query tokens that do
+    not divide by their shards are padded (and the padded rows dropped), so no device computes
+    another device's rows.
     """
+    from jax.sharding import PartitionSpec as P
+
+    from vidax.sharding.rules import logical_to_spec
+
     mesh, strategy = _active("splash attention")
-    q_spec, k_spec = _specs(
-        mesh, strategy, q.shape, k.shape, self_attention=q.shape[1] == k.shape[1]
-    )
+    length = q.shape[1]
+    token_axes = logical_to_spec(Q_AXES, strategy.activations, mesh, q.shape, pad=("attn_tokens",))[
+        1
+    ]
+    shards = _size(mesh, token_axes)
+    padded = -(-length // shards) * shards
+    if padded != length:
+        q = jnp.pad(q, ((0, 0), (0, padded - length), (0, 0), (0, 0)))
+    q_spec, k_spec = _specs(mesh, strategy, q.shape, k.shape, self_attention=length == k.shape[1])
+    k_spec = P(k_spec[0], None, *k_spec[2:])
     s = k.shape[1]
 
     def local(q, k, v):
@@ -125,7 +139,16 @@ def splash_attention(q, k, v, *, scale: float):
     out = jax.shard_map(
         local, mesh=mesh, in_specs=(q_spec, k_spec, k_spec), out_specs=q_spec, check_vma=False
     )(q, k, v)
-    return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, q_spec))
+    out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, q_spec))
+    return out[:, :length] if padded != length else out
+
+
+def _size(mesh, axes) -> int:
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    size = 1
+    for a in axes:
+        size *= mesh.shape[a]
+    return size
 
 
 def _with_rules(strategy, activations):

@@ -108,7 +108,7 @@ class PlanResult:
         """The ranked table (candidate, placement, step latency, comm/compute, memory)."""
         head = (
             f"{'#':>2}  {'candidate':<32} {'placement':<34} {'step ms':>8} {'compute':>8} "
-            f"{'comm':>7} {'comm%':>5} {'jax-def ms':>10} {'mem GiB':>7}"
+            f"{'comm':>7} {'comm%':>5} {'jax-def ms':>10} {'mem GiB':>7} {'pad%':>5}"
         )
         lines = [
             f"AoiZora plan: {self.workload.describe()} on {self.topology.name}",
@@ -121,7 +121,7 @@ class PlanResult:
                 f"{i + 1:>2}  {row.candidate.name:<32} {_short(row.placement.name, 34):<34} "
                 f"{s.total * 1e3:>8.1f} {s.compute * 1e3:>8.1f} {s.communication * 1e3:>7.1f} "
                 f"{100 * s.communication / s.total:>5.1f} {row.default.total * 1e3:>10.1f} "
-                f"{row.compiled.memory / GiB:>7.2f}"
+                f"{row.compiled.memory / GiB:>7.2f} {100 * row.compiled.estimate.padding:>5.2f}"
             )
         t = self.timings
         lines.append(
@@ -193,6 +193,7 @@ class Plan:
                 "communication_s": row.score.communication,
                 "jax_default_step_s": row.default.total,
                 "memory_bytes": row.compiled.memory,
+                "padded_token_fraction": row.compiled.estimate.padding,
             },
         )
 

@@ -25,6 +25,7 @@ import functools
 import importlib.util
 import itertools
 import math
+import os
 import re
 from collections.abc import Sequence
 
@@ -291,6 +292,9 @@ def load_topology(name: str) -> Topology:
             f"load_topology({name!r}) needs the 'libtpu' package to create compile-only TPU "
             "devices: pip install 'vidax[tpu]' (or use synthetic_topology to plan without it)"
         )
+    # Compile-only use never touches a TPU, so other processes holding libtpu (tests, another
+    # planner, a TPU job) are no conflict: skip libtpu's one-process lock file.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     libtpu_name = f"{chip.name}:{'x'.join(map(str, dims))}"
