@@ -80,14 +80,14 @@ def test_resolution_dependent_shift_matches_pooled_snr():
 @pytest.mark.parametrize(
     "solver", [FlowEuler(num_steps=8, shift=3.0), UniPC(num_steps=8, shift=5.0)]
 )
-def test_stage_sigmas_share_one_time_grid_with_token_dependent_shift(solver):
+def test_stage_sigmas_share_one_time_grid_with_a_per_frame_token_shift(solver):
     schedule = Schedule.of([(2, 2, 3), (1, 2, 2), (1, 1, 3)])
     p = plan(schedule, LATENT, PATCH, solver)
-    full = math.prod(LATENT)
     base = np.asarray(solver.sigmas, np.float64)
     assert [(s.start, s.stop) for s in p.stages] == [(0, 3), (3, 5), (5, 8)]
     for stage in p.stages[:-1]:
-        ratio = math.prod(stage.shape) / full
+        # tokens per frame: dropping frames averages nothing, so time does not shift
+        ratio = stage.shape[1] * stage.shape[2] / (LATENT[1] * LATENT[2])
         assert stage.shift == pytest.approx(math.sqrt(ratio))
         want = shift_sigmas(base[stage.start : stage.stop], math.sqrt(ratio))
         np.testing.assert_allclose(stage.solver.sigmas[:-1], want, rtol=1e-6)
@@ -96,8 +96,9 @@ def test_stage_sigmas_share_one_time_grid_with_token_dependent_shift(solver):
     last = p.stages[-1]
     np.testing.assert_allclose(last.solver.sigmas, base[5:], rtol=1e-6)
     # The finer grid re-enters at a higher noise level than the coarse one would reach.
-    assert p.stages[1].entry_sigma > shift_sigmas(base[3], p.stages[0].shift)
     assert p.stages[2].entry_sigma > shift_sigmas(base[5], p.stages[1].shift)
+    temporal_only = plan(Schedule.of([(2, 1, 3), (1, 1, 5)]), LATENT, PATCH, solver)
+    assert temporal_only.stages[0].shift == 1.0
 
 
 def test_full_schedule_is_the_base_solver():

@@ -7,7 +7,8 @@ works with every vidax DiT whose forward accepts `positions` (Wan, HunyuanVideo)
 - `Stage`, `Schedule`: `[(t_factor, s_factor, steps), ...]` ending at full resolution;
   `plan(schedule, latent, patch, solver)` resolves grids, noise levels and stage solvers.
 - `sample` (inside jit) / `denoise` (a DiT, one compile per plan): the multi-stage loop.
-- `restrict_noise`, `upsample`, `renoise`, `positions`: the transition math.
+- `restrict_noise`, `upsample`, `correct_noise`, `renoise`, `positions`: the transition math
+  (per-axis grid operators `axis_operators`).
 - `measure`, `candidates`, `choose` / `select` (cached), `Policy`: the selector; `accelerate` runs an accel mode
   ("dvg", "spatial", "temporal", "joint", "none") end to end.
 - `step_flops`, `relative_cost`: the analytic FLOP model used for budgets.
@@ -35,13 +36,25 @@ from vidax.dvg.selector import (
     measure,
     select,
 )
-from vidax.dvg.transition import downsample, positions, renoise, restrict_noise, upsample
+from vidax.dvg.transition import (
+    SPATIAL_METHODS,
+    TEMPORAL_METHODS,
+    axis_operators,
+    correct_noise,
+    downsample,
+    positions,
+    renoise,
+    restrict_noise,
+    upsample,
+)
 
 __all__ = [
     "ACCEL_MODES",
     "DEFAULT_BUDGET",
     "DEFAULT_POLICY",
     "FAMILIES",
+    "SPATIAL_METHODS",
+    "TEMPORAL_METHODS",
     "Candidate",
     "Choice",
     "Plan",
@@ -50,8 +63,10 @@ __all__ = [
     "Stage",
     "StagePlan",
     "accelerate",
+    "axis_operators",
     "candidates",
     "choose",
+    "correct_noise",
     "denoise",
     "downsample",
     "ladders",

@@ -22,21 +22,10 @@ from flax import nnx
 
 from vidax import sampling
 from vidax.dvg.schedule import Plan, StagePlan
-from vidax.dvg.transition import positions, renoise, restrict_noise, upsample
+from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
 
 # velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x.
 VelocityFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]
-
-
-def stage_noise(noise: jax.Array, plan: Plan, index: int, key: jax.Array | None) -> jax.Array:
-    """The noise a stage starts from (stage 0) or re-noises with (later stages)."""
-    stage = plan.stages[index]
-    if index > 0 and plan.noise == "fresh":
-        if key is None:
-            raise ValueError("noise='fresh' needs a PRNG key")
-        shape = (noise.shape[0], *stage.shape, noise.shape[-1])
-        return jax.random.normal(jax.random.fold_in(key, index), shape, noise.dtype)
-    return noise if stage.factors == (1, 1) else restrict_noise(noise, stage.factors)
 
 
 def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
@@ -58,6 +47,10 @@ def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
     return velocity
 
 
+def _methods(plan: Plan) -> dict:
+    return {"temporal": plan.temporal, "spatial": plan.spatial}
+
+
 def run_stage(
     velocity_fn: VelocityFn,
     x: jax.Array,
@@ -65,13 +58,63 @@ def run_stage(
     index: int,
     *,
     on_step: Callable[[int], None] | None = None,
-) -> jax.Array:
-    """Runs one stage from x at its entry level; returns its output (x0 for a reduced stage)."""
+):
+    """Runs one stage from x at its entry level.
+
+    Returns:
+      The last stage: the sample (b, t, h, w, c). A reduced stage: (x0, eps_hat) on its grid,
+      the clean and noise predictions of its last model evaluation (see `vidax.dvg.schedule`).
+    """
     stage = plan.stages[index]
+    velocity = stage_velocity(velocity_fn, plan, stage)
+    solver = stage.solver
     callback = None if on_step is None else (lambda i: on_step(i + stage.start))
-    return sampling.sample(
-        stage_velocity(velocity_fn, plan, stage), x, stage.solver, on_step=callback
+    if index == len(plan.stages) - 1:
+        return sampling.sample(velocity, x, solver, on_step=callback)
+    n = solver.num_steps
+    x, _ = sampling.sample_steps(
+        velocity, x, solver, solver.init(x), start=0, stop=n - 1, on_step=callback
     )
+    # The last update lands on sigma = 0, i.e. on the clean prediction (Euler and UniPC alike);
+    # done by hand to keep the noise prediction too.
+    sigma = jnp.float32(solver.sigmas[n - 1])
+    v = velocity(x, jnp.float32(solver.timesteps[n - 1])).astype(x.dtype)
+    if callback is not None:
+        jax.debug.callback(callback, n - 1)
+    return x - sigma * v, x + (1 - sigma) * v
+
+
+def transition(
+    x0: jax.Array,
+    eps_hat: jax.Array,
+    noise: jax.Array,
+    plan: Plan,
+    index: int,
+    *,
+    key: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """From stage index - 1's predictions to stage `index`'s starting latent.
+
+    Args:
+      x0 / eps_hat: clean and noise predictions on the previous stage's grid.
+      noise: (b, t, h, w, c) the full-resolution noise carried so far.
+      plan / index: the stage being entered.
+      key: PRNG key (noise="fresh").
+
+    Returns:
+      (x at the stage's entry level on its grid, the full-resolution noise carried on).
+    """
+    prev, stage = plan.stages[index - 1], plan.stages[index]
+    methods = _methods(plan)
+    if plan.noise == "consistent":
+        noise = correct_noise(noise, eps_hat, prev.factors, **methods)
+    elif plan.noise == "fresh":
+        if key is None:
+            raise ValueError("noise='fresh' needs a PRNG key")
+        noise = jax.random.normal(jax.random.fold_in(key, index), noise.shape, noise.dtype)
+    eps = noise if stage.factors == (1, 1) else restrict_noise(noise, stage.factors, **methods)
+    up = upsample(x0, plan.latent, prev.factors, stage.factors, **methods)
+    return renoise(up, eps, stage.entry_sigma), noise
 
 
 def sample(
@@ -80,8 +123,7 @@ def sample(
     plan: Plan,
     *,
     key: jax.Array | None = None,
-    x0: jax.Array | None = None,
-    start_stage: int = 0,
+    resume: tuple[jax.Array, jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
     """Integrates every stage of `plan`; call inside `jax.jit` to compile the schedule once.
@@ -91,34 +133,34 @@ def sample(
       noise: (b, t, h, w, c) full-resolution starting noise (restricted to coarse grids).
       plan: the resolved schedule.
       key: PRNG key for `plan.noise == "fresh"`.
-      x0: (b, t', h', w', c) clean prediction of stage `start_stage - 1` (e.g. the probe's) to
-        resume from; required when start_stage > 0.
-      start_stage: first stage to run.
+      resume: (x0, eps_hat) of stage 0 (e.g. the probe's, `probe`): start at stage 1.
       on_step: host callback with the base schedule's step index after each step.
 
     Returns:
       (b, t, h, w, c) float32 sample.
     """
-    if not 0 <= start_stage < len(plan.stages):
-        raise ValueError(f"start_stage {start_stage} out of range for {len(plan.stages)} stages")
-    if start_stage > 0:
-        expected = plan.stages[start_stage - 1].shape
-        if x0 is None or tuple(x0.shape[1:4]) != expected:
-            raise ValueError(
-                f"resuming at stage {start_stage} needs x0 on grid {expected}, got "
-                f"{None if x0 is None else x0.shape}"
-            )
-    x = x0
-    for index in range(start_stage, len(plan.stages)):
-        stage = plan.stages[index]
-        eps = stage_noise(noise, plan, index, key)
-        if index == 0:
-            x = eps
+    stages = plan.stages
+    if resume is None:
+        first = stages[0]
+        if first.factors == (1, 1):
+            x = noise
         else:
-            up = upsample(x, stage.shape, temporal=plan.temporal, spatial=plan.spatial)
-            x = renoise(up, eps, stage.entry_sigma)
-        x = run_stage(velocity_fn, x, plan, index, on_step=on_step)
-    return x
+            x = restrict_noise(noise, first.factors, **_methods(plan))
+        start = 0
+    else:
+        if len(stages) < 2 or tuple(resume[0].shape[1:4]) != stages[0].shape:
+            raise ValueError(
+                f"resume needs stage 0's predictions on grid {stages[0].shape}, got "
+                f"{tuple(resume[0].shape)} for {len(stages)} stages"
+            )
+        x, noise = transition(*resume, noise, plan, 1, key=key)
+        start = 1
+    for index in range(start, len(stages)):
+        out = run_stage(velocity_fn, x, plan, index, on_step=on_step)
+        if index == len(stages) - 1:
+            return out
+        x, noise = transition(*out, noise, plan, index + 1, key=key)
+    raise AssertionError("unreachable")
 
 
 # -- model-level entry points ---------------------------------------------------------------------
@@ -152,8 +194,7 @@ def denoise(
     plan: Plan,
     guidance: float,
     key: jax.Array | None = None,
-    x0: jax.Array | None = None,
-    start_stage: int = 0,
+    resume: tuple[jax.Array, jax.Array] | None = None,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
@@ -165,24 +206,22 @@ def denoise(
       cond / negative: conditioning pytrees (negative None or guidance 1 disables CFG).
       plan: from `vidax.dvg.plan`.
       guidance: classifier-free guidance scale.
-      key / x0 / start_stage / on_step: see `sample`.
+      key / resume / on_step: see `sample`.
       model_input: maps the latent to the model input (as `vidax.pipeline.denoise`).
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled(graphdef, plan, float(guidance), use_cfg, start_stage, model_input, on_step)
-    return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, x0)
+    run = _compiled(graphdef, plan, float(guidance), use_cfg, model_input, on_step)
+    return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(graphdef, plan: Plan, guidance, use_cfg, start_stage, model_input, on_step):
+def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, on_step):
     @jax.jit
-    def run(state, noise, cond, negative, key, x0):
+    def run(state, noise, cond, negative, key, resume):
         model = nnx.merge(graphdef, state)
         velocity = model_velocity(model, cond, negative, guidance, model_input)
-        return sample(
-            velocity, noise, plan, key=key, x0=x0, start_stage=start_stage, on_step=on_step
-        )
+        return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step)
 
     return run
 
@@ -196,12 +235,12 @@ def probe(
     plan: Plan,
     guidance: float,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
     """Runs stage 0 of `plan` (the selector's probe) and measures its clean prediction.
 
     Returns:
-      (x0 (b, t', h', w', c) on stage 0's grid, signals (b, 2) = (motion, detail) from
-      `vidax.dvg.selector.measure`).
+      ((x0, eps_hat) each (b, t', h', w', c) on stage 0's grid, for `sample(resume=...)`;
+      signals (b, 2) = (motion, detail) from `vidax.dvg.selector.measure`).
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
@@ -217,8 +256,10 @@ def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool, model_
     def run(state, noise, cond, negative):
         model = nnx.merge(graphdef, state)
         velocity = model_velocity(model, cond, negative, guidance, model_input)
-        x0 = run_stage(velocity, stage_noise(noise, plan, 0, None), plan, 0)
-        return x0, measure(x0)
+        first = plan.stages[0]
+        x = restrict_noise(noise, first.factors, **_methods(plan))
+        x0, eps_hat = run_stage(velocity, x, plan, 0)
+        return (x0, eps_hat), measure(x0)
 
     return run
 
@@ -313,7 +354,7 @@ def accelerate(
     probe_plan = make_plan(probe_schedule)
     first = probe_schedule.stages[0]
     probe_cost = first.steps * math.prod(probe_plan.stages[0].shape) / (n * math.prod(latent))
-    x0, signals = probe(
+    predictions, signals = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
     )
     choices = []
@@ -336,8 +377,7 @@ def accelerate(
             _take(idx, cond),
             None if negative is None else _take(idx, negative),
             plan=make_plan(schedule),
-            x0=x0[idx] if resume else None,
-            start_stage=1 if resume else 0,
+            resume=_take(idx, predictions) if resume else None,
         )
     if len(groups) == 1:
         return parts[choices[0].schedule], choices

@@ -5,29 +5,31 @@ full resolution, e.g. `Schedule.of([(2, 2, 8), (1, 2, 4), (1, 1, 8)])`. `plan(sc
 resolves it for one latent shape and base solver into a hashable `Plan` (one jit per plan).
 
 **Grids.** A temporal factor f keeps the nested frames {0, f, 2f, ..., t-1}, so (t - 1) must be
-divisible by f (Wan-style latents have 1 + 4k frames: 21 -> 11 -> 6). A spatial factor f
-averages f x f latent pixels, so h and w must be divisible by f; a reduced grid whose size is not
-a multiple of the patch (or whose token count is not a multiple of the mesh's sequence axis) is
-padded at the end and cropped after each model call. Consecutive stages must nest: each factor
-divides the previous stage's.
+divisible by f (Wan-style latents have 1 + 4k frames: 21 -> 11 -> 6). A spatial factor f keeps
+h/f x w/f low-passed samples, so h and w must be divisible by f (`vidax.dvg.transition`). A
+reduced grid whose size is not a multiple of the patch (or whose token count is not a multiple
+of the mesh's sequence axis) is padded at the end and cropped after each model call.
+Consecutive stages must nest: each factor divides the previous stage's.
 
-**Noise levels: resolution-dependent shift.** Average-pooling k latent elements of
+**Noise levels: resolution-dependent shift.** Low-passing k = f^2 pixels of a frame of
 x_sigma = (1 - sigma) x0 + sigma eps keeps a smooth x0 and divides the noise std by sqrt(k):
 
-    pool(x_sigma) = (1 - sigma) x0_lo + (sigma / sqrt(k)) eps_lo,
+    low(x_sigma) = (1 - sigma) x0_lo + (sigma / sqrt(k)) eps_lo,
 
 which, rescaled to the flow form, sits at sigma_lo = sigma / (sqrt(k) (1 - sigma) + sigma) =
-shift(sigma, 1 / sqrt(k)). So a grid with r = tokens / full tokens reaches the same signal-to-
-noise at the noise level shifted by sqrt(r); shifts compose multiplicatively
+shift(sigma, 1 / sqrt(k)). So a grid with r = tokens per frame / full tokens per frame reaches
+the same signal-to-noise at the noise level shifted by sqrt(r); shifts compose multiplicatively
 (shift(shift(s, a), b) = shift(s, ab)), so a stage that runs steps [a, b) of the base schedule
-uses sigma_i^stage = shift(sigma_i^base, sqrt(r)) = the base schedule's shift times sqrt(r), as
-in SD3's resolution-dependent shifting (whose shift is sqrt(m / n) for m vs n pixels). All
-stages share one time grid u_i; only the shift differs.
+uses sigma_i^stage = shift(sigma_i^base, sqrt(r)): the base schedule's shift times sqrt(r), as
+SD3's resolution-dependent shifting (shift sqrt(m / n) for m vs n pixels) and Wan's 3 at 480p /
+5 at 720p. Dropping frames does not average anything (the kept frames keep their SNR), so the
+temporal factor does not enter the shift. All stages share the base schedule's time grid u_i;
+only the shift differs, so a finer grid re-enters at a higher sigma than the coarse one left.
 
-**Stage solver.** A reduced stage's solver runs over [sigma_a, ..., sigma_{b-1}, 0]: its last
-update lands on sigma = 0, i.e. it returns the clean prediction x0 = x - sigma_{b-1} v (Euler;
-UniPC returns its corrected x0), which the transition upsamples and re-noises to the next
-stage's first level (`vidax.dvg.transition`). The last stage runs the base schedule's tail
+**Stage solver.** A reduced stage runs the base schedule's steps [a, b) with its own solver over
+[sigma_a, ..., sigma_{b-1}, 0]; its last model evaluation gives the clean prediction
+x0 = x - sigma_{b-1} v and the noise prediction x + (1 - sigma_{b-1}) v, which the transition
+carries to the next grid (`vidax.dvg.transition`). The last stage runs the base schedule's tail
 [sigma_a, ..., 0]; a single full stage is the base solver itself, so `Schedule.full(n)` is the
 base sampler exactly.
 """
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from vidax.dvg.transition import SPATIAL_METHODS, TEMPORAL_METHODS
 from vidax.sampling import FlowEuler, UniPC, shift_sigmas
 
 
@@ -163,7 +166,7 @@ class StagePlan:
       shape: (t', h', w') latent grid of the stage.
       pad: (t, h, w) latent padding appended before each model call (cropped after).
       start / stop: the base schedule's steps [start, stop) this stage runs.
-      shift: the multiplicative shift sqrt(tokens / full tokens) applied to the base sigmas.
+      shift: the multiplicative shift sqrt(h' w' / (h w)) applied to the base sigmas.
       solver: the stage's solver (sigmas end at 0; see the module docstring).
     """
 
@@ -196,7 +199,9 @@ class Plan:
       stages: one `StagePlan` per stage.
       temporal / spatial: upsampling methods of the transitions (`vidax.dvg.transition`).
       rope: "scaled" (reduced grids on full-resolution RoPE coordinates) or "compact".
-      noise: "initial" (re-noise with the starting noise restricted to each grid) or "fresh".
+      noise: re-noising at transitions (`vidax.dvg.transition`): "consistent" (the coarse
+        stage's predicted noise on its subspace, the starting noise elsewhere), "initial" (the
+        starting noise) or "fresh" (new draws).
     """
 
     schedule: Schedule
@@ -204,17 +209,16 @@ class Plan:
     patch: tuple[int, int, int]
     stages: tuple[StagePlan, ...]
     temporal: str = "linear"
-    spatial: str = "cubic"
+    spatial: str = "dct"
     rope: str = "scaled"
-    noise: str = "initial"
+    noise: str = "consistent"
 
     @property
     def is_full(self) -> bool:
         return self.schedule.is_full
 
 
-TEMPORAL_METHODS = ("linear", "nearest")
-SPATIAL_METHODS = ("nearest", "linear", "cubic", "lanczos3", "lanczos5")
+NOISE_MODES = ("consistent", "initial", "fresh")
 
 
 def plan(
@@ -225,9 +229,9 @@ def plan(
     *,
     multiple: int = 1,
     temporal: str = "linear",
-    spatial: str = "cubic",
+    spatial: str = "dct",
     rope: str = "scaled",
-    noise: str = "initial",
+    noise: str = "consistent",
 ) -> Plan:
     """Resolves `schedule` for a latent (t, h, w) and a base solver.
 
@@ -238,9 +242,9 @@ def plan(
       solver: the base `vidax.sampling` solver (FlowEuler or UniPC) of the full-resolution run.
       multiple: reduced stages' token counts are padded to a multiple of this (the mesh's
         sequence-parallel size on the sharded path).
-      temporal / spatial: transition upsampling methods.
+      temporal / spatial: grid operator methods (`vidax.dvg.transition`).
       rope: "scaled" or "compact" RoPE positions on reduced grids.
-      noise: "initial" or "fresh" re-noising noise.
+      noise: "consistent", "initial" or "fresh" (see `Plan`).
 
     Returns:
       The `Plan`; raises ValueError on a schedule that does not fit.
@@ -255,8 +259,8 @@ def plan(
         raise ValueError(f"spatial upsampling must be one of {SPATIAL_METHODS}, got {spatial!r}")
     if rope not in ("scaled", "compact"):
         raise ValueError(f"rope must be 'scaled' or 'compact', got {rope!r}")
-    if noise not in ("initial", "fresh"):
-        raise ValueError(f"noise must be 'initial' or 'fresh', got {noise!r}")
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
     latent = tuple(int(n) for n in latent)
@@ -265,7 +269,6 @@ def plan(
         raise ValueError(f"latent {latent} is not divisible by the patch {patch}")
     if patch[0] != 1 and any(s.t_factor > 1 for s in schedule.stages):
         raise ValueError(f"temporal reduction needs a temporal patch of 1, got {patch}")
-    full_tokens = math.prod(latent)
     base = np.asarray(solver.sigmas, np.float64)
     stages, start = [], 0
     for i, stage in enumerate(schedule.stages):
@@ -277,7 +280,7 @@ def plan(
         elif last:
             stage_solver, shift, pad = _solver_like(solver, base[start:]), 1.0, (0, 0, 0)
         else:
-            shift = math.sqrt(math.prod(shape) / full_tokens)
+            shift = math.sqrt(shape[1] * shape[2] / (latent[1] * latent[2]))
             # (clipped: shifting sigma = 1 may round a hair above 1)
             sigmas = np.append(np.minimum(shift_sigmas(base[start:stop], shift), 1.0), 0.0)
             stage_solver = _solver_like(solver, sigmas)
