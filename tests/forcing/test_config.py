@@ -64,7 +64,7 @@ def test_config_errors(kwargs, match):
         ({**SPARSE, "memory_blocks": 7, "memory_topk": 1}, (4, 4), "larger than the window"),
         (dict(block_size=5), (4, 4), "does not divide"),
         (dict(query_tile=5), (4, 4), "query_tile"),
-        ({**SPARSE, "compressed_tokens": 4}, (4, 4), "multiple of the 6 blocks"),
+        ({**SPARSE, "compressed_tokens": 4}, (4, 4), "at least the 6 blocks"),
     ],
 )
 def test_layout_errors(kwargs, grid, match):

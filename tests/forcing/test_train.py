@@ -103,6 +103,7 @@ def test_stage_resumes_from_checkpoint(small_model, tmp_path):
         height=16,
         width=16,
         checkpoint_every=2,
+        repeat=3,  # the interruption falls inside an encoded batch's repeats
         optim=OptimConfig(lr=1e-3, warmup=1, decay_steps=4, ema_decay=0.5),
     )
     straight = train_stage(tmp_path / "straight", config, small_model, vae=vae)

@@ -28,11 +28,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
-from vidax.forcing.cache import KVCache, block_centre_positions, time_positions, token_positions
+from vidax.forcing.cache import (
+    KVCache,
+    block_centre_positions,
+    time_positions,
+    to_blocks,
+    token_positions,
+)
 from vidax.forcing.config import CacheLayout
 from vidax.kernels.pbsa import block_means, pbsa
 from vidax.nn import apply_rope, rope_angles, video_positions
-from vidax.nn.attention import attend_blocks, merge_partials
 from vidax.nn.layers import param
 
 _EMPTY = -1e30  # compressed score of an empty slot
@@ -142,16 +147,29 @@ def dense_attention(
       (o (b, l, n, k) in q's dtype, None): no attention mass (dense keeps no salience).
     """
     scale = q.shape[-1] ** -0.5
-    pos = chunk_positions(chunk_start, layout)
-    angles = rope(pos)
+    pool_k, pool_v, valid, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+    o, _ = _attend_pool(qr, pool_k, pool_v, valid, scale)
+    return o.astype(q.dtype), None
+
+
+def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope):
+    """Rotated pool of the cache followed by the chunk's own blocks, its validity, rotated q.
+
+    Returns:
+      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k), valid (b, n, slots + chunk_blocks)
+      and q rotated (b, l, n, k). The chunk's blocks are the last `chunk_blocks` slots.
+    """
+    angles = rope(chunk_positions(chunk_start, layout))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    pool_k = _rotate_pool(
+    cached_k = _rotate_pool(
         cache.k, token_positions(cache.frame, cache.block, chunk_start, layout), rope
     )
-    cached = _attend_pool(qr, pool_k, cache.v, cache.frame >= 0, scale)
-    own = attend_blocks(qr, kr, v, scale=scale)
-    o, _ = merge_partials(cached, own)
-    return o.astype(q.dtype), None
+    bs = layout.block_size
+    pool_k = jnp.concatenate([cached_k.astype(q.dtype), to_blocks(kr, bs)], axis=2)
+    pool_v = jnp.concatenate([cache.v.astype(q.dtype), to_blocks(v, bs)], axis=2)
+    own = jnp.ones((*cache.frame.shape[:2], layout.chunk_blocks), bool)
+    valid = jnp.concatenate([cache.frame >= 0, own], axis=2)
+    return pool_k, pool_v, valid, qr
 
 
 # -- sparse ---------------------------------------------------------------------------------------
@@ -221,14 +239,12 @@ def sparse_attention(
     b, lq, n, kd = q.shape
     scale = kd**-0.5
     f32 = jnp.float32
-    angles = rope(chunk_positions(chunk_start, layout))
-    qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    valid = cache.frame >= 0  # (b, n, slots)
-    pool_pos = token_positions(cache.frame, cache.block, chunk_start, layout)
-    pool_k = _rotate_pool(cache.k, pool_pos, rope)
+    pool_k, pool_v, valid_all, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+    slots = layout.num_slots
+    valid = valid_all[:, :, :slots]  # the cache part
     # Compressed tokens of the cached blocks (rotated keys, as attention sees them).
-    k_cmp = _compress(pool_k, valid, params.compress_k[...])
-    v_cmp = _compress(cache.v, valid, params.compress_v[...])
+    k_cmp = _compress(pool_k[:, :, :slots], valid, params.compress_k[...])
+    v_cmp = _compress(pool_v[:, :, :slots], valid, params.compress_v[...])
 
     # Scores: mean query of each tile against the compressed keys.
     nq = layout.num_query_tiles
@@ -240,25 +256,25 @@ def sparse_attention(
     prob = jnp.where(valid[:, :, None], jax.nn.softmax(scores, axis=-1), 0.0)
     mass = prob.mean(axis=2)
 
-    # Selected branch: PBSA over the cache blocks, merged with the chunk's own keys.
-    idx = select_blocks(jax.lax.stop_gradient(scores), layout) if select is None else select
+    # Selected branch: one PBSA softmax over the selected cache blocks and the chunk itself.
+    if select is None:
+        select = select_blocks(jax.lax.stop_gradient(scores), layout)
+    own = jnp.arange(slots, slots + layout.chunk_blocks, dtype=jnp.int32)
+    idx = jnp.concatenate([select, jnp.broadcast_to(own, (*select.shape[:3], own.size))], -1)
     cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
-    slot_len = jnp.where(valid, layout.block_size, 0).astype(jnp.int32)
-    q_heads = qr.transpose(0, 2, 1, 3)  # pbsa wants (b, n, l, k)
-    o_sel, lse_sel = pbsa(
-        q_heads,
-        pool_k.astype(q.dtype),
-        cache.v.astype(q.dtype),
+    slot_len = jnp.where(valid_all, layout.block_size, 0).astype(jnp.int32)
+    o_sel = pbsa(
+        qr.transpose(0, 2, 1, 3),  # pbsa wants (b, n, l, k)
+        pool_k,
+        pool_v,
         idx,
         cnt,
         block_q=layout.query_tile,
         scale=scale,
         slot_len=slot_len,
-        return_lse=True,
         backend=c.pbsa_backend,
     )
-    own = attend_blocks(qr, kr, v, scale=scale)
-    o_sel, _ = merge_partials((o_sel.transpose(0, 2, 1, 3).astype(f32), lse_sel), own)
+    o_sel = o_sel.transpose(0, 2, 1, 3).astype(f32)
 
     # Compressed branch: every query over all compressed tokens (cache blocks + ring).
     keys, values, ok = [k_cmp], [v_cmp], [valid]

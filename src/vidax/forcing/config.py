@@ -223,9 +223,9 @@ class CacheLayout:
                     f"memory budget memory_blocks={c.memory_blocks} is larger than the window "
                     f"({self.window_slots} blocks): memory only keeps blocks the window evicts"
                 )
-            if c.compressed_tokens and c.compressed_tokens % self.chunk_blocks:
+            if 0 < c.compressed_tokens < self.chunk_blocks:
                 raise ValueError(
-                    f"compressed_tokens={c.compressed_tokens} must be a multiple of the "
+                    f"compressed_tokens={c.compressed_tokens} must be 0 or at least the "
                     f"{self.chunk_blocks} blocks of a chunk (one chunk is compressed at a time)"
                 )
 

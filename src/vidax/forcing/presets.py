@@ -61,8 +61,8 @@ class CausalPreset:
 # The tiny preset at 64x64 pixels has 8x8 = 64 tokens per latent frame: blocks of 16 tokens are
 # two token rows (4 blocks per frame). Dense keeps sink 3 + window 15 frames (+ the 3-frame
 # chunk: 21 frames, Self-Forcing's 5 s); sparse keeps sink 3 + window 3 frames, a 10-block
-# memory and a 12-token compressed ring, i.e. 0.56x the dense peak KV, and each query frame
-# attends the sink, 8 of 12 window blocks and 6 of 10 memory blocks.
+# memory and a 12-token compressed ring, i.e. 0.56x the dense peak KV, and each tile of 64
+# queries (one frame here) attends the sink, 8 of 12 window blocks and 6 of 10 memory blocks.
 PRESETS: dict[str, CausalPreset] = {
     "tiny-causal": CausalPreset(
         name="tiny-causal",
@@ -77,6 +77,7 @@ PRESETS: dict[str, CausalPreset] = {
             local_topk=8,
             memory_topk=6,
             compressed_tokens=12,
+            query_tile=64,
         ),
         weights="tiny-causal",
     ),

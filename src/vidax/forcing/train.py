@@ -60,6 +60,7 @@ class StageConfig:
       num_frames, height, width: pixel clip size of diffusion forcing (1 + 4k frames).
       clean_probability: diffusion forcing: chance that a chunk stays clean (pure context).
       sigma_shift: diffusion forcing: shift of the logit-normal training noise levels.
+      repeat: diffusion forcing: steps each encoded batch serves (fresh noise each step).
       rollout_chunks: self_forcing: chunks generated per training video.
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
@@ -78,6 +79,7 @@ class StageConfig:
     width: int = 64
     clean_probability: float = 0.25
     sigma_shift: float = 3.0
+    repeat: int = 1
     rollout_chunks: int = 7
     teacher_steps: int = 8
     latent_hw: tuple[int, int] = (16, 16)
@@ -270,13 +272,20 @@ def self_forcing_loss(
 class TrainBatches:
     """Resumable batches for a stage: text embeddings, and VAE latents for diffusion forcing.
 
-    Wraps `ClipLoader` (whose (seed, step) is the whole state) and turns each batch into the
-    arrays the step takes: "context" (b, s, text_dim) and, when `vae` is given, "latents".
+    Wraps `ClipLoader` and turns each batch into the arrays the step takes: "context"
+    (b, s, text_dim) and, when `vae` is given, "latents". Encoding clips costs far more than a
+    step of the tiny model on a CPU, so each encoded batch serves `repeat` consecutive steps
+    (with fresh noise levels and noise each time). The state is the loader's (seed, step) plus
+    the position inside the repeat; a resumed run re-encodes the batch it was in.
     """
 
-    def __init__(self, config: StageConfig, *, text_dim: int, text_len: int, vae=None):
+    def __init__(
+        self, config: StageConfig, *, text_dim: int, text_len: int, vae=None, repeat: int = 1
+    ):
         from vidax.text.hashed import HashedTextEmbedder
 
+        if repeat < 1:
+            raise ValueError(f"repeat must be >= 1, got {repeat}")
         frames = config.num_frames if vae is not None else 1
         self.loader = ClipLoader(
             LoaderConfig(
@@ -289,20 +298,35 @@ class TrainBatches:
         )
         self.embed = HashedTextEmbedder(dim=text_dim, text_len=text_len)
         self.vae = vae
+        self.repeat = repeat
+        self.used = 0  # steps served from the current batch
+        self._current = None
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = next(self.loader)
-        embeds, mask = self.embed(batch["caption"])
-        out = {"context": embeds * mask[..., None]}
-        if self.vae is not None:
-            out["latents"] = np.asarray(_encode(self.vae, jnp.asarray(batch["video"])))
-        return out
+        if self._current is None or self.used == self.repeat:
+            batch = next(self.loader)
+            embeds, mask = self.embed(batch["caption"])
+            out = {"context": embeds * mask[..., None]}
+            if self.vae is not None:
+                out["latents"] = np.asarray(_encode(self.vae, jnp.asarray(batch["video"])))
+            self._current, self.used = out, 0
+        self.used += 1
+        return self._current
 
     def get_state(self) -> dict[str, int]:
-        return self.loader.get_state()
+        return {**self.loader.get_state(), "used": self.used}
 
     def set_state(self, state: dict[str, int]) -> None:
-        self.loader.set_state(state)
+        used = int(state.get("used", self.repeat))
+        if used < self.repeat and int(state["step"]) > 0:
+            # Mid-repeat: step back so the next call re-encodes the batch in use.
+            self.loader.set_state({"seed": state["seed"], "step": int(state["step"]) - 1})
+            self._current = None
+            next(self)  # encodes it again
+            self.used = used
+        else:
+            self.loader.set_state(state)
+            self._current, self.used = None, 0
 
 
 @nnx.jit
@@ -384,6 +408,7 @@ def train_stage(
         text_dim=wan.text_dim,
         text_len=wan.text_len,
         vae=vae if config.kind == "diffusion_forcing" else None,
+        repeat=config.repeat if config.kind == "diffusion_forcing" else 1,
     )
 
     def export(step: int, state: dict[str, Any]) -> None:
@@ -465,3 +490,130 @@ def _jsonable(config) -> Any:
 
 def write_json(path: str | os.PathLike, value: Any) -> None:
     Path(path).write_text(json.dumps(_jsonable(value), indent=2) + "\n")
+
+
+# -- the shipped tiny-causal recipe ---------------------------------------------------------------
+
+
+def tiny_causal_stages(
+    *,
+    df_steps: int,
+    final_steps: int,
+    batch_size: int = 1,
+    rollout_chunks: int = 7,
+    teacher_steps: int = 4,
+    latent_hw: tuple[int, int] = (16, 16),
+    channels: int = 8,
+) -> dict[str, StageConfig]:
+    """The stages behind `vidax/assets/tiny-causal` (see its TRAINING.md).
+
+    df: diffusion forcing from the bidirectional tiny weights (9-latent-frame clips; each
+      encoded batch serves 4 steps).
+    dense / sparse: from df, `final_steps` self-rollout steps each with the df model as the
+      teacher, with dense attention (the Self-Forcing baseline) and with sparse attention
+      (Sparse Forcing): the same data, seeds and number of steps for both.
+    """
+    from vidax.forcing.presets import PRESETS
+
+    preset = PRESETS["tiny-causal"]
+    dense, sparse = preset.dense, preset.sparse
+    rollout = dict(
+        kind="self_forcing",
+        steps=final_steps,
+        batch_size=batch_size,
+        rollout_chunks=rollout_chunks,
+        teacher_steps=teacher_steps,
+        latent_hw=latent_hw,
+        channels=channels,
+        teacher_forcing=dense,
+        optim=OptimConfig(lr=5e-5, warmup=10, weight_decay=0.0, ema_decay=0.95),
+        checkpoint_every=10,
+        log_every=5,
+        seed=1,
+    )
+    return {
+        "df": StageConfig(
+            kind="diffusion_forcing",
+            forcing=dense,
+            steps=df_steps,
+            batch_size=4,
+            num_frames=33,
+            repeat=4,
+            optim=OptimConfig(lr=2e-4, warmup=20, weight_decay=0.0, ema_decay=0.99),
+            checkpoint_every=50,
+            log_every=25,
+        ),
+        "dense": StageConfig(forcing=dense, **rollout),
+        "sparse": StageConfig(forcing=sparse, **rollout),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Trains tiny-causal: `python -m vidax.forcing.train --root runs/tiny-causal ...`."""
+    import argparse
+    import shutil
+    import time
+
+    from vidax.forcing.presets import ASSETS
+    from vidax.forcing.presets import get as get_preset
+    from vidax.pipeline import load_transformer, load_vae
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--root", default="runs/tiny-causal")
+    p.add_argument("--df-steps", type=int, default=600)
+    p.add_argument("--final-steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--rollout-chunks", type=int, default=7)
+    p.add_argument("--teacher-steps", type=int, default=4)
+    p.add_argument("--only", default="df,dense,sparse", help="stages to run, in order")
+    p.add_argument("--ship", action="store_true", help="copy the results to vidax/assets")
+    args = p.parse_args(argv)
+
+    preset = get_preset("tiny-causal")
+    spec = preset.spec
+    transformer = load_transformer(spec, None)
+    vae = load_vae(spec, None)
+    from vidax.pipeline import geometry
+
+    _, h, w, c = geometry(spec).latent_shape(1, spec.defaults.height, spec.defaults.width)
+    stages = tiny_causal_stages(
+        df_steps=args.df_steps,
+        final_steps=args.final_steps,
+        batch_size=args.batch_size,
+        rollout_chunks=args.rollout_chunks,
+        teacher_steps=args.teacher_steps,
+        latent_hw=(h, w),
+        channels=c,
+    )
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    base = CausalWan.from_transformer(transformer)
+    from vidax.forcing.model import load as load_weights
+
+    def weights(stage: str) -> CausalWan:
+        path = root / stage / WEIGHTS_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"stage {stage!r} has no weights yet: {path}")
+        return load_weights(path, spec.config)
+
+    timings = {}
+    for stage in [s for s in args.only.split(",") if s]:
+        config = stages[stage]
+        start = time.time()
+        if stage == "df":
+            train_stage(root / stage, config, base, vae=vae)
+        else:
+            train_stage(root / stage, config, weights("df"), teacher=weights("df"))
+        timings[stage] = time.time() - start
+        print(f"stage {stage}: {timings[stage] / 60:.1f} min", flush=True)
+    write_json(root / "timings.json", timings)
+    if args.ship:
+        out = ASSETS / "tiny-causal"
+        out.mkdir(parents=True, exist_ok=True)
+        for attention in ("dense", "sparse"):
+            shutil.copy(root / attention / WEIGHTS_FILE, out / f"{attention}.safetensors")
+        print(f"shipped to {out}")
+
+
+if __name__ == "__main__":
+    main()
