@@ -315,6 +315,73 @@ def _targets(summary, wall, flop_speedups) -> None:
         )
 
 
+# -- calibration of the selector's weights ---------------------------------------------------------
+
+
+def run_calibration(args) -> None:
+    """Fits the selector's motion/detail weight ratio on training-distribution clips (never the
+    eval prompts): for each ratio, the schedules it picks per clip, their PSNR vs full."""
+    from vidax.data import caption, sample_spec
+
+    spec = get(args.model)
+    d = spec.defaults
+    frames = args.frames or d.num_frames
+    height, width = args.height or d.height, args.width or d.width
+    steps, shift = args.steps or d.steps, args.shift or d.shift
+    guidance = d.guidance if args.guidance is None else args.guidance
+    latent = pipeline.geometry(spec).latent_shape(frames, height, width)
+    transformer = pipeline.load_transformer(spec, None)
+    vae = pipeline.load_vae(spec, None)
+    family = pipeline.adapter(spec)
+    solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
+    patch = tuple(spec.config.patch_size)
+    cfg = 1.0 if family.embedded_guidance(spec) else guidance
+    probe_schedule = dvg.sampler._probe_schedule(latent[:3], patch, steps, dvg.DEFAULT_POLICY)
+    probe_plan = dvg.plan(probe_schedule, latent[:3], patch, solver)
+    probe_cost = probe_schedule.stages[0].steps * math.prod(probe_plan.stages[0].shape)
+    probe_cost /= steps * math.prod(latent[:3])
+    ratios = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+    rows = []
+    for i in range(args.calibrate):
+        clip = sample_spec(50_000 + i)
+        text = pipeline.embed_prompts(spec, [caption(clip)])
+        neg = pipeline.embed_prompts(spec, [""])
+        cond = family.conditioning(spec, text, guidance)
+        negative = (
+            None if family.embedded_guidance(spec) else family.conditioning(spec, neg, guidance)
+        )
+        noise = jax.random.normal(jax.random.key(50_000 + i), (1, *latent), jnp.float32)
+        full = pipeline.denoise(transformer, noise, cond, negative, solver=solver, guidance=cfg)
+        ref = _unit(pipeline.decode(vae, full)[0])
+        _, signals = dvg.probe(transformer, noise, cond, negative, plan=probe_plan, guidance=cfg)
+        m, dd = (float(v) for v in np.asarray(signals)[0])
+        picks = {}
+        for r in ratios:
+            policy = dvg.Policy(motion_weight=r, detail_weight=1.0)
+            c = dvg.select(
+                latent[:3], patch, solver.sigmas, args.budget - probe_cost, (m, dd), policy=policy
+            )
+            picks[r] = c.schedule
+        for fam in FIXED:
+            c = dvg.select(latent[:3], patch, solver.sigmas, args.budget, None, families=(fam,))
+            if c is not None:
+                picks[fam] = c.schedule
+        scores = {}
+        for schedule in set(picks.values()):
+            p = dvg.plan(schedule, latent[:3], patch, solver)
+            out = dvg.denoise(transformer, noise, cond, negative, plan=p, guidance=cfg)
+            scores[schedule] = metrics.psnr(_unit(pipeline.decode(vae, out)[0]), ref)
+        rows.append({k: scores[v] for k, v in picks.items()})
+        print(
+            f"clip {i:>3} motion {m:.3f} detail {dd:.3f}  "
+            + " ".join(f"{k}:{scores[v]:.1f}" for k, v in picks.items()),
+            flush=True,
+        )
+    print("\nmean PSNR vs full per motion/detail weight ratio (and fixed families):")
+    for k in rows[0]:
+        print(f"  {k!s:>8}: {statistics.mean(r[k] for r in rows):.2f} dB")
+
+
 # -- large presets --------------------------------------------------------------------------------
 
 
@@ -371,7 +438,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-tiny", action="store_true")
     parser.add_argument("--no-large", action="store_true")
+    parser.add_argument(
+        "--calibrate", type=int, default=0, help="fit the selector on N training-style clips"
+    )
     args = parser.parse_args()
+    if args.calibrate:
+        run_calibration(args)
+        return
     if not args.no_tiny:
         run_tiny(args)
     if not args.no_large:

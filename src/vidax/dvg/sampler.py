@@ -390,7 +390,7 @@ def _probe_schedule(latent, patch, num_steps: int, policy):
 
     The probe grid is the coarsest one that still shows motion and detail: at least
     `_PROBE_MIN_FRAMES` frames (a temporal difference needs two, an interpolation residual
-    three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band needs four).
+    three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band of a few frequencies).
     """
     from vidax.dvg.schedule import Schedule, reduced_shape
     from vidax.dvg.selector import ladders
@@ -411,7 +411,7 @@ def _probe_schedule(latent, patch, num_steps: int, policy):
 
 
 _PROBE_MIN_FRAMES = 3
-_PROBE_MIN_SIZE = 4
+_PROBE_MIN_SIZE = 8
 
 
 @functools.lru_cache(maxsize=128)
