@@ -222,3 +222,38 @@ def test_plan_a_compiled_step(tpu_topology, name, shape):
     assert all(np.isfinite(s.total) and s.total > s.compute > 0 for s in ranked)
     best = realize(ranked[0].placement, topo, axes)
     assert sorted(d.id for d in best.devices.ravel()) == sorted(d.id for d in topo.devices)
+
+
+def test_collectives_in_flight_together_share_the_window():
+    topo = synthetic_topology("v5e:2x2")
+    text = """HloModule m, num_partitions=4
+
+%fused (p0: f32[1024,1024], p1: f32[1024,1024]) -> f32[1024,1024] {
+  %p0 = f32[1024,1024]{1,0} parameter(0)
+  %p1 = f32[1024,1024]{1,0} parameter(1)
+  ROOT %d = f32[1024,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (x: f32[256,1024], y: f32[1024,1024]) -> f32[1024,1024] {
+  %x = f32[256,1024]{1,0} parameter(0)
+  %y = f32[1024,1024]{1,0} parameter(1)
+  %s1 = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(%x), channel_id=1, replica_groups={{0,1,3,2}}, dimensions={0}, use_global_device_ids=true
+  %s2 = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(%x), channel_id=2, replica_groups={{0,1,3,2}}, dimensions={0}, use_global_device_ids=true
+  %f = f32[1024,1024]{1,0} fusion(%y, %y), kind=kOutput, calls=%fused
+  %g1 = f32[1024,1024]{1,0} all-gather-done(%s1)
+  %g2 = f32[1024,1024]{1,0} all-gather-done(%s2)
+  %a = f32[1024,1024]{1,0} add(%g1, %g2)
+  ROOT %o = f32[1024,1024]{1,0} add(%a, %f)
+}
+"""
+    analysis = analyze_hlo(text)
+    assert [len(c.overlap) for c in analysis.collectives] == [1, 1]
+    placement = jax_default_placement(topo, (4,))
+    score = score_placement(analysis, topo, placement)
+    one = score.collectives[0].cost.time
+    window = analysis.ops[analysis.collectives[0].overlap[0]].time(
+        topo.chip.peak_flops, topo.chip.hbm_bandwidth
+    )
+    assert 0 < window < one  # the window hides part of one gather, none of the other
+    assert score.communication == pytest.approx(2 * one - window)
+    assert sorted(c.exposed for c in score.collectives) == pytest.approx([one - window, one])

@@ -20,7 +20,8 @@ with equal wrap-around) are kept once. jax's own choice
 
 Scoring (`score_placement`) adds the step's compute time (per-op roofline from the HLO) to the
 communication that is not hidden: a synchronous collective is fully exposed, an async one only
-beyond the compute scheduled inside its start/done window.
+beyond the compute scheduled inside its start/done window; collectives in flight together share
+that compute (each op's time hides communication once, earliest-started collective first).
 """
 
 from __future__ import annotations
@@ -381,16 +382,31 @@ def score_placement(
         else compute_time
     )
     cache: dict = {}  # identical collectives (e.g. one per scanned layer) priced once
-    scores, comm = [], 0.0
+    costs = []
     for c in analysis.collectives:
         key = (c.signature, ring)
         if key not in cache:
             cache[key] = collective_cost(c, topology, placement.perm, ring=ring)
-        cost = cache[key]
-        hidden = sum(op_times[i] for i in c.overlap) if c.is_async else 0.0
-        exposed = max(0.0, cost.time - hidden)
-        comm += exposed * c.count
-        scores.append(CollectiveScore(c.name, c.kind, c.count, cost, exposed))
+        costs.append(cache[key])
+    # Compute inside an async window hides communication once: collectives in flight together
+    # share it (earliest-started first) instead of each being credited the whole window.
+    budget = list(op_times)
+    exposed = [cost.time for cost in costs]
+    order = sorted(
+        (i for i, c in enumerate(analysis.collectives) if c.is_async and c.overlap),
+        key=lambda i: min(analysis.collectives[i].overlap),
+    )
+    for i in order:
+        for op in analysis.collectives[i].overlap:
+            take = min(budget[op], exposed[i])
+            budget[op] -= take
+            exposed[i] -= take
+            if exposed[i] <= 0.0:
+                break
+    scores, comm = [], 0.0
+    for c, cost, e in zip(analysis.collectives, costs, exposed, strict=True):
+        comm += e * c.count
+        scores.append(CollectiveScore(c.name, c.kind, c.count, cost, e))
     return PlacementScore(placement, compute, comm, tuple(scores))
 
 
