@@ -11,7 +11,7 @@
      finest scale the probe sees (a self-similar spectrum puts the same fraction one scale up).
 3. **Candidates.** Ladders of nested grids ending at full resolution: spatial-only
    (1, s) -> (1, 1), temporal-only (t, 1) -> (1, 1), joint (t, s) -> (1, 1) and the joint ladders
-   that restore one axis first, with 2x/4x factors that divide the latent; for each ladder,
+   that restore one axis first, with 2x/4x/8x factors that divide the latent; for each ladder,
    every split of the steps that costs at most the budget, in token-steps: sum over stages of
    steps x grid size, as a fraction of the full run (DVG's cost proxy; the FLOP saving is larger
    because attention is quadratic in the tokens, see `vidax.dvg.cost`).
@@ -21,7 +21,10 @@
    stage repaints what the noise drowns; what survives is the signal share
    kappa(sigma') = (1 - sigma')^2 / ((1 - sigma')^2 + sigma'^2). So
 
-       loss = sum over transitions of kappa(sigma') * (w_t m (g_t - g_t') + w_s d (g_s - g_s')).
+       loss = sum over transitions of kappa(sigma') * (w_t m (g_t - g_t') + w_s d (g_s - g_s')
+                                                        + w_0 (g - g')),
+
+   g the fraction of all samples dropped (a small content-independent term).
 
    The selector picks the feasible candidate with the smallest predicted loss (cheaper on
    ties), or no reduction when even that loss exceeds `Policy.tolerance`. A still scene (m ~ 0)
@@ -56,6 +59,9 @@ class Policy:
     Attributes:
       probe: fraction of the steps the probe runs on the coarsest grid (at least one step).
       motion_weight / detail_weight: w_t, w_s of the predicted loss.
+      base_weight: w_0, a content-independent share of every dropped sample (the model is
+        trained at full resolution only); it also breaks ties towards spending the budget on
+        quality when the content predicts no loss.
       tolerance: predicted loss above which no reduction is chosen.
       min_full: minimum fraction of the steps at full resolution (at least one step).
       factors: reduction factors to consider per axis (those dividing the latent are used).
@@ -65,6 +71,7 @@ class Policy:
     probe: float = 0.25
     motion_weight: float = 1.0
     detail_weight: float = 1.0
+    base_weight: float = 0.01
     tolerance: float = math.inf
     min_full: float = 0.1
     factors: tuple[int, ...] = (2, 4, 8)
@@ -75,7 +82,7 @@ class Policy:
             raise ValueError(f"Policy.probe must be in (0, 1), got {self.probe}")
         if not 0 <= self.min_full < 1:
             raise ValueError(f"Policy.min_full must be in [0, 1), got {self.min_full}")
-        if self.motion_weight < 0 or self.detail_weight < 0:
+        if min(self.motion_weight, self.detail_weight, self.base_weight) < 0:
             raise ValueError("Policy weights must be >= 0")
         if not self.factors or any(f < 2 for f in self.factors):
             raise ValueError(f"Policy.factors must be ints >= 2, got {self.factors}")
@@ -240,11 +247,11 @@ def _signal_share(sigma: np.ndarray) -> np.ndarray:
     return (1 - sigma) ** 2 / ((1 - sigma) ** 2 + sigma**2)
 
 
-def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> tuple[float, float]:
-    """(temporal, spatial) loss coefficients of a candidate: sum of kappa * drop."""
+def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> tuple[float, float, float]:
+    """(temporal, spatial, total) loss coefficients of a candidate: sums of kappa * drop."""
     t, h, w = latent
     full = t * h * w
-    coef_t = coef_s = 0.0
+    coef_t = coef_s = coef_0 = 0.0
     step = 0
     stages = candidate.schedule.stages
     for prev, nxt in itertools.pairwise(stages):
@@ -255,7 +262,8 @@ def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> tuple[float
         kappa = float(_signal_share(np.float64(sigma)))
         coef_t += kappa * (shape_next[0] - shape_prev[0]) / t
         coef_s += kappa * (shape_next[1] * shape_next[2] - shape_prev[1] * shape_prev[2]) / (h * w)
-    return coef_t, coef_s
+        coef_0 += kappa * (math.prod(shape_next) - math.prod(shape_prev)) / full
+    return coef_t, coef_s, coef_0
 
 
 def choose(
@@ -313,14 +321,15 @@ def _table(latent, patch, sigmas, budget, policy, families):
         candidates(latent, patch, len(sigmas) - 1, budget, policy=policy, families=families)
     )
     base = np.asarray(sigmas, np.float64)
-    coef = np.asarray([_terms(c, latent, base) for c in found], np.float64).reshape(-1, 2)
+    coef = np.asarray([_terms(c, latent, base) for c in found], np.float64).reshape(-1, 3)
     costs = np.asarray([c.cost for c in found], np.float64)
     return found, coef, costs
 
 
 def _pick(found, coef, costs, signals, policy) -> Choice:
     m, d = policy.default_signals if signals is None else signals
-    loss = coef @ np.asarray([policy.motion_weight * m, policy.detail_weight * d], np.float64)
+    weights = [policy.motion_weight * m, policy.detail_weight * d, policy.base_weight]
+    loss = coef @ np.asarray(weights, np.float64)
     # smallest loss (to 1e-12), then cheapest, then first enumerated
     order = np.lexsort((np.arange(len(found)), costs, np.round(loss, 12)))
     i = int(order[0])
