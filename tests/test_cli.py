@@ -40,7 +40,7 @@ def test_generate_writes_a_playable_mp4(tmp_path):
     "args, message",
     [
         (["--frames", "6"], "num_frames must be"),
-        (["--height", "30"], "multiples of 16"),
+        (["--height", "30"], "height and width must be positive multiples of"),
         (["--model", "nope"], "unknown model 'nope'"),
         (["--checkpoint", "/does/not/exist"], "checkpoint not found"),
         (["--set", "dim=7"], "not divisible by num_heads"),
@@ -62,3 +62,27 @@ def test_models_lists_presets_with_sizes():
     for name in ("tiny", "wan2.1-1.3b", "wan2.1-14b", "hunyuanvideo"):
         assert name in result.output
     assert "1.42B" in result.output
+
+
+def test_subcommands_are_registered():
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for command in ("generate", "models", "plan", "train", "eval"):
+        assert command in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--accel", "warp"], "--accel must be one of"),
+        (["--budget", "1.5"], "--budget must be in (0, 1]"),
+        (["--plan", "/no/plan.json"], "plan.json"),
+        (["--stream"], "--stream needs a causal model"),
+    ],
+)
+def test_acceleration_plan_and_stream_flags_validate(args, message, tmp_path):
+    result = runner.invoke(
+        app, ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4"), "--steps", "1", *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -149,7 +149,7 @@ def test_sharded_generation_equals_single_device(tiny):
     "kwargs, message",
     [
         (dict(num_frames=6), "num_frames must be 4k\\+1"),
-        (dict(height=30), "multiples of 16"),
+        (dict(height=30), "height and width must be positive multiples of"),
         (dict(steps=0), "steps must be"),
         (dict(prompt=None), "exactly one of prompt"),
         (dict(prompt=None, prompt_embeds=np.zeros((1, 4, 7))), "must be \\(b, s, 64\\)"),

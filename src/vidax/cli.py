@@ -12,6 +12,9 @@ from typing import Annotated
 
 import typer
 
+from vidax.dvg.command import DEFAULT_BUDGET, AccelOption, BudgetOption
+from vidax.dvg.command import generate_kwargs as dvg_options
+
 app = typer.Typer(
     name="vidax",
     help="Video diffusion in JAX: generation, progressive sampling, sparse forcing, sharding plans.",
@@ -128,6 +131,14 @@ def generate(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override transformer config: field=value.")
     ] = None,
+    accel: AccelOption = "none",
+    budget: BudgetOption = DEFAULT_BUDGET,
+    plan: Annotated[
+        Path | None, typer.Option(help="Run sharded with a plan written by `vidax plan`.")
+    ] = None,
+    stream: Annotated[
+        bool, typer.Option(help="Causal models: write the video chunk by chunk as it is made.")
+    ] = False,
 ) -> None:
     """Generate a video and write it as mp4."""
     from rich.console import Console
@@ -136,6 +147,11 @@ def generate(
     from vidax.video import write_video
 
     console = Console(stderr=True)
+    from vidax.forcing.command import is_causal
+
+    if is_causal(model) or stream:
+        _stream(model, prompt, out, frames, height, width, seed, stream, console)
+        return
     spec = models.get(model)
     if set_:
         spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
@@ -146,6 +162,11 @@ def generate(
         embeds, negative = pipeline.load_prompt_embeds(prompt_embeds, spec)
     elif prompt is None:
         raise ValueError("give --prompt or --prompt-embeds")
+    mesh = strategy = None
+    if plan is not None:
+        from vidax.planner.command import load_plan
+
+        mesh, strategy = load_plan(plan)
     n_steps = steps or spec.defaults.steps
     start = time.perf_counter()
     with _Progress(n_steps, f"denoising ({spec.name})") as bar:
@@ -164,7 +185,10 @@ def generate(
             sampler=sampler,
             seed=seed,
             checkpoint=checkpoint,
+            mesh=mesh,
+            strategy=strategy,
             on_step=bar.step,
+            **dvg_options(accel, budget),
         )
     if video.frames is None:
         raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
@@ -172,6 +196,38 @@ def generate(
     write_video(out, frames_out, video.fps)
     console.print(
         f"wrote {out} ({frames_out.shape[0]} frames, {frames_out.shape[2]}x{frames_out.shape[1]}, "
+        f"{time.perf_counter() - start:.1f}s)"
+    )
+
+
+def _stream(model, prompt, out, frames, height, width, seed, stream, console) -> None:
+    """`vidax generate` for causal (autoregressive) models."""
+    from vidax.forcing.command import is_causal, stream_generate
+
+    if not is_causal(model):
+        raise ValueError(f"--stream needs a causal model (e.g. tiny-causal), not {model!r}")
+    if prompt is None:
+        raise ValueError("give --prompt")
+    if not stream:
+        console.print(f"{model} is causal: streaming chunk by chunk")
+    start = time.perf_counter()
+    with _Progress(1, f"chunks ({model})") as bar:
+
+        def on_chunk(done: int, total: int, written: int) -> None:
+            bar.progress.update(bar.task, completed=done, total=total)
+
+        result = stream_generate(
+            model,
+            prompt,
+            out,
+            frames=frames,
+            height=height,
+            width=width,
+            seed=seed,
+            on_chunk=on_chunk,
+        )
+    console.print(
+        f"wrote {result.path} ({result.frames} frames in {result.chunks} chunks, "
         f"{time.perf_counter() - start:.1f}s)"
     )
 
@@ -205,6 +261,18 @@ def _human(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def _register_subcommands() -> None:
+    """Commands implemented beside their subsystems (each keeps heavy imports lazy)."""
+    from vidax.planner.command import register as register_plan
+    from vidax.train.command import register as register_train
+
+    register_plan(app)
+    register_train(app)
+
+
+_register_subcommands()
 
 
 def main() -> None:  # pragma: no cover

@@ -45,7 +45,7 @@ class ModelSpec:
       name: preset name, e.g. "wan2.1-1.3b".
       family: transformer family key ("wan", "hunyuanvideo", "hunyuanvideo15").
       config: the transformer config (family-specific frozen dataclass).
-      vae: VAE preset name in `vidax.models.wan_vae.PRESETS` (None: latents only).
+      vae: VAE preset name, resolved by `get_vae` across VAE families (None: latents only).
       text_encoder: "hashed" (built in, no download) or the name of an encoder preset that the
         user provides weights for (e.g. "umt5-xxl").
       weights: packaged asset folder with shipped weights (`vidax/assets/<weights>`), if any.
@@ -225,13 +225,13 @@ class VAESpec:
 
 def get_vae(name: str) -> VAESpec:
     """The VAE preset `name` from any VAE family; a clear error lists the known presets."""
-    known = {}
+    known: dict[str, tuple[str, Any]] = {}
     for family, (path, _) in _VAE_FAMILIES.items():
-        try:
-            presets = importlib.import_module(path).PRESETS
-        except ImportError:
-            continue
-        known.update({preset: (family, config) for preset, config in presets.items()})
+        presets = importlib.import_module(path).PRESETS
+        for preset, config in presets.items():
+            if preset in known:  # one namespace for all families: a clash would shadow silently
+                raise ValueError(f"VAE preset {preset!r} is defined by {known[preset][0]!r} and {family!r}")
+            known[preset] = (family, config)
     if name not in known:
         raise ValueError(f"unknown VAE {name!r}; known VAEs: {', '.join(sorted(known))}")
     family, config = known[name]
