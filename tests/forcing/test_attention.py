@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -92,10 +93,15 @@ def _params(scale: float) -> SparseParams:
 
 def _explicit(q, k, v, layer, lay, chunk, keep):
     """Reference: softmax over rotated cached tokens of the `keep` (b, n, slots) slots + chunk."""
+    return _explicit_jit(q, k, v, layer, lay, jnp.int32(chunk), keep)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _explicit_jit(q, k, v, layer, lay, chunk, keep):
     start = chunk * lay.config.chunk_frames
-    angles = ROPE(chunk_positions(jnp.int32(start), lay))
+    angles = ROPE(chunk_positions(start, lay))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    pos = token_positions(layer.frame, layer.block, jnp.int32(start), lay)
+    pos = token_positions(layer.frame, layer.block, start, lay)
     b, n, s, bs, kd = layer.k.shape
     ck = apply_rope(
         layer.k.reshape(b * n, s * bs, 1, kd), ROPE(pos).reshape(b * n, s * bs, kd // 2)

@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from tests.forcing.conftest import SMALL
 
 from vidax.forcing import ChunkStepper, ForcingConfig, forward_full, generate_latents, stream
@@ -54,6 +55,7 @@ def test_cached_rollout_equals_uncached_block_causal(small_model, context):
     assert float(jnp.abs(other - cached).max()) > 1e-2
 
 
+@pytest.mark.slow
 def test_sparse_selecting_everything_equals_dense_rollout(zero_init_model, context):
     """Zero-initialised sparse heads + budgets covering the cache = the dense rollout."""
     model = zero_init_model
@@ -73,14 +75,22 @@ def test_stream_compiles_once_and_matches_scan(small_model, context):
     key = jax.random.key(9)
     stepper = ChunkStepper(small_model, layout, latent_hw=HW, channels=C)
     before = TRACE_COUNT["sample_chunk"]
-    chunks = list(stream(stepper, key, context, 5))
-    assert TRACE_COUNT["sample_chunk"] - before == 1  # one trace for 5 chunks
+    chunks = list(stream(stepper, key, context, 3))
+    assert TRACE_COUNT["sample_chunk"] - before == 1  # one trace for 3 chunks
     assert stepper._step._cache_size() == 1
-    scanned = generate_latents(small_model, key, context, layout, 5, latent_hw=HW, channels=C)
+    # The fixed-size cache a rollout leaves behind has the shapes it started with.
+    cache = stepper.init(1)
+    shapes = jax.tree.map(lambda x: x.shape, cache)
+    for c in range(8):
+        _, cache = stepper(cache, c, key, context)
+    assert jax.tree.map(lambda x: x.shape, cache) == shapes
+    assert TRACE_COUNT["sample_chunk"] - before == 1 and stepper._step._cache_size() == 1
+    # Same noise per chunk as the scanned rollout (compiled by the test above for 3 chunks).
+    scanned = generate_latents(small_model, key, context, layout, 3, latent_hw=HW, channels=C)
     np.testing.assert_allclose(jnp.concatenate(chunks, axis=1), scanned, atol=1e-5)
     # The scanned rollout traces its chunk step once too, whatever the number of chunks.
     before = TRACE_COUNT["sample_chunk"]
-    generate_latents(small_model, key, context, layout, 7, latent_hw=HW, channels=C)
+    generate_latents(small_model, key, context, layout, 5, latent_hw=HW, channels=C)
     assert TRACE_COUNT["sample_chunk"] - before == 1
 
 
@@ -91,16 +101,10 @@ def test_per_chunk_cost_is_flat(small_model, context):
     cache = stepper.init(1)
     key = jax.random.key(0)
     lowered = [stepper.lower(cache, c, key, context) for c in (1, 10, 50)]
-    texts = {low.as_text() for low in lowered}
-    assert len(texts) == 1  # identical HLO for chunk 1, 10 and 50
-    flops = lowered[0].compile().cost_analysis()["flops"]
+    assert len({low.as_text() for low in lowered}) == 1  # identical HLO for chunk 1, 10, 50
+    flops = lowered[0].cost_analysis()["flops"]
     # The measure is sensitive to the cache: a 4x longer window costs more per chunk.
     wide = small_model.layout(dataclasses.replace(DENSE, window_frames=16), HW)
     wide_step = ChunkStepper(small_model, wide, latent_hw=HW, channels=C)
-    wide_flops = wide_step.lower(wide_step.init(1), 1, key, context).compile().cost_analysis()
-    assert wide_flops["flops"] > flops
-    # And the cache a long rollout leaves behind has the shapes it started with.
-    shapes = jax.tree.map(lambda x: x.shape, cache)
-    for c in range(12):
-        _, cache = stepper(cache, c, key, context)
-    assert jax.tree.map(lambda x: x.shape, cache) == shapes
+    wide_flops = wide_step.lower(wide_step.init(1), 1, key, context).cost_analysis()["flops"]
+    assert wide_flops > flops > 0

@@ -64,6 +64,7 @@ def test_diffusion_forcing_step_decreases_loss(zero_init_model, context):
     assert np.isfinite(values).all() and values[-1] < 0.7 * values[0], values
 
 
+@pytest.mark.slow
 def test_self_forcing_step_decreases_loss(small_model, context):
     """Sparse student, dense teacher (the student's own initial weights, perturbed)."""
     graphdef, params = nnx.split(small_model)
