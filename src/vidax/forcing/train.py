@@ -65,6 +65,9 @@ class StageConfig:
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
       optim: optimiser settings.
+      sparse_lr_multiplier: learning-rate factor of the sparse-attention heads (`SparseParams`:
+        zero-initialised gates and compression, which a short fine-tune would otherwise
+        barely move).
       checkpoint_every, log_every: see `vidax.train.loop.LoopConfig`.
     """
 
@@ -87,6 +90,7 @@ class StageConfig:
     optim: OptimConfig = dataclasses.field(
         default_factory=lambda: OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
     )
+    sparse_lr_multiplier: float = 1.0
     checkpoint_every: int = 50
     log_every: int = 10
 
@@ -95,6 +99,8 @@ class StageConfig:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.batch_size < 1 or self.steps < 1:
             raise ValueError("batch_size and steps must be >= 1")
+        if not self.sparse_lr_multiplier > 0:
+            raise ValueError(f"sparse_lr_multiplier must be > 0, got {self.sparse_lr_multiplier}")
         if not 0.0 <= self.clean_probability < 1.0:
             raise ValueError(f"clean_probability must be in [0, 1), got {self.clean_probability}")
         if self.kind == "self_forcing":
@@ -436,7 +442,7 @@ def train_stage(
 @functools.lru_cache(maxsize=8)
 def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     """(optimizer, jitted step) of a stage; shared by runs that differ only in length."""
-    optimizer = make_optimizer(config.optim)
+    optimizer = _optimizer(config)
     if config.kind == "diffusion_forcing":
 
         def loss_fn(params, teacher, batch, key):
@@ -475,6 +481,29 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     return optimizer, step
 
 
+def _optimizer(config: StageConfig):
+    """`vidax.train.optim.make_optimizer`, with a larger step for the sparse heads if asked."""
+    import optax
+
+    base = make_optimizer(config.optim)
+    if config.sparse_lr_multiplier == 1.0:
+        return base
+    heads = make_optimizer(
+        dataclasses.replace(config.optim, lr=config.optim.lr * config.sparse_lr_multiplier)
+    )
+
+    def labels(params):
+        def label(path, _):
+            top = path[0]
+            return (
+                "sparse" if getattr(top, "key", getattr(top, "name", None)) == "sparse" else "base"
+            )
+
+        return jax.tree_util.tree_map_with_path(label, params)
+
+    return optax.multi_transform({"base": base, "sparse": heads}, labels)
+
+
 def _grid(wan, latent_hw) -> tuple[int, int]:
     _, ph, pw = wan.patch_size
     return latent_hw[0] // ph, latent_hw[1] // pw
@@ -501,7 +530,7 @@ def tiny_causal_stages(
     final_steps: int,
     batch_size: int = 1,
     rollout_chunks: int = 7,
-    teacher_steps: int = 4,
+    teacher_steps: int = 6,
     latent_hw: tuple[int, int] = (16, 16),
     channels: int = 8,
 ) -> dict[str, StageConfig]:
@@ -526,7 +555,8 @@ def tiny_causal_stages(
         latent_hw=latent_hw,
         channels=channels,
         teacher_forcing=dense,
-        optim=OptimConfig(lr=5e-5, warmup=10, weight_decay=0.0, ema_decay=0.95),
+        optim=OptimConfig(lr=1e-4, warmup=10, weight_decay=0.0, ema_decay=0.95),
+        sparse_lr_multiplier=30.0,
         checkpoint_every=10,
         log_every=5,
         seed=1,
@@ -564,7 +594,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--final-steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--rollout-chunks", type=int, default=7)
-    p.add_argument("--teacher-steps", type=int, default=4)
+    p.add_argument("--teacher-steps", type=int, default=6)
     p.add_argument("--only", default="df,dense,sparse", help="stages to run, in order")
     p.add_argument("--ship", action="store_true", help="copy the results to vidax/assets")
     args = p.parse_args(argv)
