@@ -338,8 +338,6 @@ def run_calibration(args) -> None:
     cfg = 1.0 if family.embedded_guidance(spec) else guidance
     probe_schedule = dvg.sampler._probe_schedule(latent[:3], patch, steps, dvg.DEFAULT_POLICY)
     probe_plan = dvg.plan(probe_schedule, latent[:3], patch, solver)
-    probe_cost = probe_schedule.stages[0].steps * math.prod(probe_plan.stages[0].shape)
-    probe_cost /= steps * math.prod(latent[:3])
     ratios = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
     rows = []
     for i in range(args.calibrate):
@@ -359,7 +357,13 @@ def run_calibration(args) -> None:
         for r in ratios:
             policy = dvg.Policy(motion_weight=r, detail_weight=1.0)
             c = dvg.select(
-                latent[:3], patch, solver.sigmas, args.budget - probe_cost, (m, dd), policy=policy
+                latent[:3],
+                patch,
+                solver.sigmas,
+                args.budget,
+                (m, dd),
+                policy=policy,
+                probe=probe_schedule.stages[0],
             )
             picks[r] = c.schedule
         for fam in FIXED:

@@ -9,6 +9,7 @@ from vidax.dvg import (
     DEFAULT_POLICY,
     Policy,
     Schedule,
+    Stage,
     candidates,
     choose,
     ladders,
@@ -70,6 +71,18 @@ def test_candidates_respect_the_budget_and_full_resolution_steps():
     assert candidates(LATENT, PATCH, 20, 0.01, _cost) == []
     with pytest.raises(ValueError, match="unknown families"):
         candidates(LATENT, PATCH, 20, 0.5, _cost, families=("bogus",))
+
+
+def test_the_probe_is_charged_unless_a_schedule_resumes_from_it():
+    probe = Stage(4, 2, 5)
+    probe_cost = 5 * np.prod(reduced_shape(LATENT, (4, 2))) / (20 * np.prod(LATENT))
+    plain = {c.schedule: c.cost for c in candidates(LATENT, PATCH, 20, 0.4)}
+    charged = {c.schedule: c.cost for c in candidates(LATENT, PATCH, 20, 0.4, probe=probe)}
+    resumed = [s for s in charged if s.stages[0] == probe]
+    assert resumed and all(charged[s] == pytest.approx(plain[s]) for s in resumed)
+    others = [s for s in charged if s.stages[0] != probe]
+    assert others and all(charged[s] == pytest.approx(plain[s] + probe_cost) for s in others)
+    assert set(charged) <= set(plain)
 
 
 def test_ladders_only_use_dividing_factors():

@@ -12,7 +12,6 @@ change only at stage boundaries. `denoise` is the model-level entry (CFG, one co
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import jax
@@ -297,7 +296,7 @@ def accelerate(
         schedule of that family for the budget, independent of content), or "none" (the base
         sampler, exactly).
       budget: compute to spend, as a fraction of the full sampler's token-steps (sum of steps x
-        grid size), in (0, 1]; the probe counts against it. FLOPs fall further than the budget
+        grid size), in (0, 1]; the probe counts against it unless the schedule resumes from it. FLOPs fall further than the budget
         on large grids (attention is quadratic), wall-clock less on tiny ones (fixed costs).
       policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
       key: PRNG key for `noise="fresh"` plans.
@@ -353,7 +352,6 @@ def accelerate(
 
     probe_plan = make_plan(probe_schedule)
     first = probe_schedule.stages[0]
-    probe_cost = first.steps * math.prod(probe_plan.stages[0].shape) / (n * math.prod(latent))
     predictions, signals = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
     )
@@ -361,7 +359,7 @@ def accelerate(
     for row in np.asarray(signals):
         measured = (float(row[0]), float(row[1]))
         choice = selector.select(
-            latent, patch, solver.sigmas, budget - probe_cost, measured, policy=policy
+            latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
         )
         choices.append(choice or selector.Choice("none", Schedule.full(n), 1.0, 0.0, measured))
     groups: dict[Schedule, list[int]] = {}

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from vidax.dvg.schedule import Schedule, reduced_shape
+from vidax.dvg.schedule import Schedule, Stage, reduced_shape
 from vidax.sampling import shift_sigmas
 
 FAMILIES = ("none", "spatial", "temporal", "joint")
@@ -204,6 +204,7 @@ def candidates(
     *,
     policy: Policy = DEFAULT_POLICY,
     families: Sequence[str] = FAMILIES,
+    probe: Stage | None = None,
 ) -> list[Candidate]:
     """Every schedule of the allowed families whose relative cost is within the budget.
 
@@ -217,6 +218,8 @@ def candidates(
         grids). `functools.partial(vidax.dvg.step_flops, config)` budgets FLOPs instead.
       policy: factors and minimum full-resolution steps.
       families: subset of `FAMILIES`.
+      probe: the probe's stage, already paid for: its cost is added to every candidate that
+        does not start with it (one that does resumes from the probe).
 
     Returns:
       Candidates (possibly empty), "none" included when allowed and budget >= 1.
@@ -226,6 +229,10 @@ def candidates(
         raise ValueError(f"unknown families {sorted(unknown)}; choose from {FAMILIES}")
     full = step_cost(latent)
     min_last = max(1, math.ceil(policy.min_full * num_steps))
+    probe_cost = 0.0
+    if probe is not None:
+        probe_cost = probe.steps * step_cost(reduced_shape(latent, probe.factors)) / full
+        probe_cost /= num_steps
     out = []
     for family, family_ladders in ladders(latent, patch, policy).items():
         if family not in families:
@@ -234,6 +241,8 @@ def candidates(
             costs = [step_cost(reduced_shape(latent, f)) / full for f in ladder]
             for split in _splits(len(ladder), num_steps, min_last):
                 cost = sum(c * n for c, n in zip(costs, split, strict=True)) / num_steps
+                if probe is not None and (*ladder[0], split[0]) != (*probe.factors, probe.steps):
+                    cost += probe_cost
                 if cost <= budget + 1e-9:
                     stages = tuple((*f, n) for f, n in zip(ladder, split, strict=True))
                     out.append(Candidate(family, Schedule.of(stages), cost))
@@ -300,15 +309,17 @@ def select(
     *,
     policy: Policy = DEFAULT_POLICY,
     families: Sequence[str] = FAMILIES,
+    probe: Stage | None = None,
 ) -> Choice | None:
-    """`choose` over `candidates` (token-step budget), with the candidate table cached per
-    (latent, steps, budget, policy): a per-video decision costs one small dot product.
+    """`choose` over `candidates` (token-step budget, `probe` as there), with the candidate
+    table cached per (latent, steps, budget, policy, probe): a per-video decision costs one
+    small dot product.
 
     Returns None when no candidate fits the budget.
     """
     sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
     found, coef, costs = _table(
-        tuple(latent), tuple(patch), sigmas, float(budget), policy, tuple(families)
+        tuple(latent), tuple(patch), sigmas, float(budget), policy, tuple(families), probe
     )
     if not found:
         return None
@@ -316,9 +327,17 @@ def select(
 
 
 @functools.lru_cache(maxsize=64)
-def _table(latent, patch, sigmas, budget, policy, families):
+def _table(latent, patch, sigmas, budget, policy, families, probe):
     found = tuple(
-        candidates(latent, patch, len(sigmas) - 1, budget, policy=policy, families=families)
+        candidates(
+            latent,
+            patch,
+            len(sigmas) - 1,
+            budget,
+            policy=policy,
+            families=families,
+            probe=probe,
+        )
     )
     base = np.asarray(sigmas, np.float64)
     coef = np.asarray([_terms(c, latent, base) for c in found], np.float64).reshape(-1, 3)
