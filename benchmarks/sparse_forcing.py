@@ -107,7 +107,10 @@ def main() -> None:
     )
     p.add_argument("--latency-chunks", type=int, default=50)
     p.add_argument("--skip-metrics", action="store_true")
+    p.add_argument("--lengths", default="short,4x,12x", help="rollout lengths to run")
+    p.add_argument("--sizes", default="trained,large", help="timing sizes (large: --speed-latent)")
     args = p.parse_args()
+    lengths = [(name, mult) for name, mult in LENGTHS if name in args.lengths.split(",")]
 
     preset = get(args.model)
     spec = preset.spec
@@ -143,17 +146,18 @@ def main() -> None:
     # -- decode speed ----------------------------------------------------------------------------
     one = _context(spec, [_prompts(1)[0].caption])
     speed_rows = []
-    sizes = [("trained", (h, w))]
-    if args.speed_latent:
+    sizes = [("trained", (h, w))] if "trained" in args.sizes.split(",") else []
+    if args.speed_latent and "large" in args.sizes.split(","):
         sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
     backends = [("auto", None)]
     if device.platform != "cpu":
         backends.append(("reference", "reference"))
     for size_name, hw in sizes:
         # Same block structure at a larger size: blocks grow with the tokens of a frame.
-        scale = (hw[0] * hw[1]) // (h * w)
+        _, ph, pw = spec.config.patch_size
+        frame_tokens = (hw[0] // ph) * (hw[1] // pw)
         repeats = args.repeats if hw == (h, w) else args.speed_repeats
-        for name, mult in LENGTHS:
+        for name, mult in lengths:
             n = args.short_chunks * mult
             fns = {}
             for a, model in models.items():
@@ -161,7 +165,12 @@ def main() -> None:
                     if a == "dense" and override is not None:
                         continue
                     cfg = preset.forcing(a)
-                    cfg = dataclasses.replace(cfg, block_size=cfg.block_size * scale)
+                    per_frame = layouts[a].blocks_per_frame
+                    cfg = dataclasses.replace(cfg, block_size=frame_tokens // per_frame)
+                    if cfg.query_tile is not None:  # the largest tile <= the preset's that fits
+                        chunk_tokens = frame_tokens * cfg.chunk_frames
+                        tile = max(t for t in range(1, cfg.query_tile + 1) if chunk_tokens % t == 0)
+                        cfg = dataclasses.replace(cfg, query_tile=tile)
                     if override is not None:
                         cfg = dataclasses.replace(cfg, pbsa_backend=override)
                     lay = model.layout(cfg, hw)
@@ -186,7 +195,7 @@ def main() -> None:
 
     # -- per-chunk latency -----------------------------------------------------------------------
     print("\nper-chunk latency (streamed, compiled once; ms):")
-    for a, model in models.items():
+    for a, model in models.items() if args.latency_chunks else ():
         stepper = ChunkStepper(model, layouts[a], latent_hw=(h, w), channels=c)
         key = jax.random.key(1)
         cache = stepper.init(1)
@@ -214,7 +223,7 @@ def main() -> None:
     header = "".join(f"{m:>28s}" for m in METRICS)
     print(f"{'length':6s} {'model':6s}{header}")
     results = {}
-    for name, mult in LENGTHS:
+    for name, mult in lengths:
         n = args.short_chunks * mult
         for a, model in models.items():
             lat = generate_latents(
@@ -242,7 +251,7 @@ def main() -> None:
             f"  decode speed-up {size_name:10s} {name:5s}: {times['dense'] / times['sparse']:.2f}x "
             f"(target >= {target})"
         )
-    for name, _ in LENGTHS:
+    for name, _ in lengths:
         for part, label in ((0, "whole"), (1, "last quarter")):
             cmp = []
             for m in METRICS:
