@@ -2,8 +2,9 @@
 
 Both take the chunk's *raw* queries, keys and values (the transformer block runs with
 `angles=None`, so RoPE is applied here, where the positions of cached frames are known) and one
-layer's `KVCache`. The chunk always attends to itself in full (bidirectional inside the chunk);
-the two results over disjoint key sets are merged exactly through their log-sum-exps.
+layer's `KVCache`. The chunk always attends to itself in full (bidirectional inside the chunk):
+its own keys are appended to the cache's blocks as extra pool slots, so one softmax covers the
+cache and the chunk.
 
 Sparse attention (native-sparse-attention style, two gated branches):
 
