@@ -27,8 +27,8 @@ from jax.sharding import NamedSharding
 from vidax.nn.attention import attend_blocks, merge_partials
 
 Q_AXES = ("batch", "attn_tokens", "attn_heads", "head_dim")
-# Splash tiles: sequence lengths are padded to a multiple of LANE, blocks are the largest of
-# these dividing the padded length.
+# Splash tiles: sequence lengths are padded to a multiple of LANE (of the largest block when
+# longer than it), blocks are the largest of these dividing the padded length.
 LANE = 128
 _SPLASH_BLOCKS = (512, 256, 128)
 
@@ -161,6 +161,17 @@ def _jnp_block(q, k, v, valid, *, scale):
     return attend_blocks(q, k, v, scale=scale, valid=valid)
 
 
+def _splash_length(length: int) -> int:
+    """Padded length for splash: a multiple of LANE, and of the largest block once longer.
+
+    The kernel's block-sparsity metadata lives in SMEM (1 MiB on v5e) and grows with the
+    square of the block count: 75,600 tokens in blocks of 128 (75,648 = 128 x 591) overflow
+    it, in blocks of 512 they use a sixteenth.
+    """
+    unit = _SPLASH_BLOCKS[0] if length > _SPLASH_BLOCKS[0] else LANE
+    return -(-length // unit) * unit
+
+
 def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: bool = False):
     """Splash attention of one device's q over its k/v; keys from `valid` on are masked.
 
@@ -173,7 +184,7 @@ def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: b
 
     b, length, n, d = q.shape
     s = k.shape[1]
-    lp, sp = -(-length // LANE) * LANE, -(-s // LANE) * LANE
+    lp, sp = _splash_length(length), _splash_length(s)
     bq = next(x for x in _SPLASH_BLOCKS if lp % x == 0)
     bkv = next(x for x in _SPLASH_BLOCKS if sp % x == 0)
 
