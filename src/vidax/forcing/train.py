@@ -61,6 +61,8 @@ class StageConfig:
       clean_probability: diffusion forcing: chance that a chunk stays clean (pure context).
       sigma_shift: diffusion forcing: shift of the logit-normal training noise levels.
       repeat: diffusion forcing: steps each encoded batch serves (fresh noise each step).
+      latents_dir: diffusion forcing: a `vidax.train.dit` latent cache to read clips from
+        instead of encoding them (None: encode with the VAE).
       rollout_chunks: self_forcing: chunks generated per training video.
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
@@ -83,6 +85,7 @@ class StageConfig:
     clean_probability: float = 0.25
     sigma_shift: float = 3.0
     repeat: int = 1
+    latents_dir: str | None = None
     rollout_chunks: int = 7
     teacher_steps: int = 8
     latent_hw: tuple[int, int] = (16, 16)
@@ -403,19 +406,30 @@ def train_stage(
     optimizer, step_fn = _compiled_step(graphdef, key, wan)
     state = init_state(params, optimizer)
     if config.kind == "diffusion_forcing":
-        if vae is None:
-            raise ValueError("diffusion_forcing needs the VAE to encode clips")
+        if vae is None and config.latents_dir is None:
+            raise ValueError("diffusion_forcing needs the VAE or a latent cache")
     else:
         # A copy: the step donates its state, and the teacher must not alias the parameters.
         frozen = nnx.state(teacher if teacher is not None else model)
         state["teacher"] = jax.tree.map(jnp.copy, frozen)
-    batches = TrainBatches(
-        config,
-        text_dim=wan.text_dim,
-        text_len=wan.text_len,
-        vae=vae if config.kind == "diffusion_forcing" else None,
-        repeat=config.repeat if config.kind == "diffusion_forcing" else 1,
-    )
+    if config.kind == "diffusion_forcing" and config.latents_dir is not None:
+        from vidax.text.hashed import HashedTextEmbedder
+        from vidax.train.dit import LatentBatches
+
+        batches = LatentBatches(
+            config.latents_dir,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            embedder=HashedTextEmbedder(dim=wan.text_dim, text_len=wan.text_len),
+        )
+    else:
+        batches = TrainBatches(
+            config,
+            text_dim=wan.text_dim,
+            text_len=wan.text_len,
+            vae=vae if config.kind == "diffusion_forcing" else None,
+            repeat=config.repeat if config.kind == "diffusion_forcing" else 1,
+        )
 
     def export(step: int, state: dict[str, Any]) -> None:
         out = nnx.merge(graphdef, state["ema"])
@@ -432,6 +446,7 @@ def train_stage(
             log_every=config.log_every,
             seed=config.seed,
         ),
+        to_arrays=lambda b: {k: np.asarray(b[k]) for k in ("latents", "context") if k in b},
         meta={"stage": _jsonable(config)},
         description=f"forcing {config.kind}",
         on_checkpoint=export,
@@ -533,11 +548,12 @@ def tiny_causal_stages(
     teacher_steps: int = 6,
     latent_hw: tuple[int, int] = (16, 16),
     channels: int = 8,
+    latents_dir: str | None = None,
 ) -> dict[str, StageConfig]:
     """The stages behind `vidax/assets/tiny-causal` (see its TRAINING.md).
 
-    df: diffusion forcing from the bidirectional tiny weights (9-latent-frame clips; each
-      encoded batch serves 4 steps).
+    df: diffusion forcing from the bidirectional tiny weights (9-latent-frame clips from the
+      tiny DiT's latent cache `latents_dir`, or encoded here, each batch serving 4 steps).
     dense / sparse: from df, `final_steps` self-rollout steps each with the df model as the
       teacher, with dense attention (the Self-Forcing baseline) and with sparse attention
       (Sparse Forcing): the same data, seeds and number of steps for both.
@@ -568,7 +584,8 @@ def tiny_causal_stages(
             steps=df_steps,
             batch_size=4,
             num_frames=33,
-            repeat=4,
+            repeat=1 if latents_dir else 4,
+            latents_dir=latents_dir,
             optim=OptimConfig(lr=2e-4, warmup=20, weight_decay=0.0, ema_decay=0.99),
             checkpoint_every=50,
             log_every=25,
@@ -596,6 +613,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rollout-chunks", type=int, default=7)
     p.add_argument("--teacher-steps", type=int, default=6)
     p.add_argument("--only", default="df,dense,sparse", help="stages to run, in order")
+    p.add_argument(
+        "--latents", default=None, help="latent cache of the tiny DiT stage (vidax.train.dit)"
+    )
     p.add_argument("--ship", action="store_true", help="copy the results to vidax/assets")
     args = p.parse_args(argv)
 
@@ -614,6 +634,7 @@ def main(argv: list[str] | None = None) -> None:
         teacher_steps=args.teacher_steps,
         latent_hw=(h, w),
         channels=c,
+        latents_dir=args.latents,
     )
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
