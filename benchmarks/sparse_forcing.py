@@ -15,8 +15,9 @@ same prompts from the same noise, and the script prints:
   prompts;
 - per-chunk latency of chunks 1, 10 and 50 of a streamed rollout (cost stays flat).
 
-On a GPU the sparse path runs the PBSA Triton kernel (`pbsa_backend="auto"`), and the reference
-path is timed beside it.
+The sparse model's selected branch is timed through `vidax.kernels.pbsa` (`pbsa_backend="auto"`:
+the XLA reference path on a CPU, the Triton/Mosaic kernel on a GPU/TPU, where the reference is
+timed beside it) and through the XLA gather path (`"gather"`), which is what runs fast on a CPU.
 
     JAX_PLATFORMS=cpu python benchmarks/sparse_forcing.py [--prompts 6 --repeats 3 ...]
 """
@@ -149,7 +150,9 @@ def main() -> None:
     sizes = [("trained", (h, w))] if "trained" in args.sizes.split(",") else []
     if args.speed_latent and "large" in args.sizes.split(","):
         sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
-    backends = [("auto", None)]
+    # "auto" is the PBSA reference path on a CPU and the kernel on an accelerator; "gather" is
+    # the XLA gather + batched-matmul path (vidax.forcing.attention.gather_attention).
+    backends = [("auto", None), ("gather", "gather")]
     if device.platform != "cpu":
         backends.append(("reference", "reference"))
     for size_name, hw in sizes:
@@ -247,8 +250,12 @@ def main() -> None:
     print(f"  peak KV-cache ratio: {kv_ratio:.3f} (target <= 0.58)")
     for size_name, name, _, times in speed_rows:
         target = 1.1 if name == "short" else 1.25
+        others = "".join(
+            f", [{k.split(':')[1]}] {times['dense'] / times[k]:.2f}x" for k in times if ":" in k
+        )
         print(
             f"  decode speed-up {size_name:10s} {name:5s}: {times['dense'] / times['sparse']:.2f}x "
+            f"[pbsa {'reference' if device.platform == 'cpu' else 'kernel'}]{others} "
             f"(target >= {target})"
         )
     for name, _ in lengths:

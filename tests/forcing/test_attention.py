@@ -143,8 +143,9 @@ def test_sparse_selecting_every_block_is_dense():
     assert float(jnp.abs(other - dense).max()) > 1e-3
 
 
-def test_sparse_selected_branch_matches_masked_reference():
-    lay, layer = _filled_cache(SPARSE, 7, seed=3)
+@pytest.mark.parametrize("backend", ["auto", "gather"])
+def test_sparse_selected_branch_matches_masked_reference(backend):
+    lay, layer = _filled_cache(dataclasses.replace(SPARSE, pbsa_backend=backend), 7, seed=3)
     q, k, v = _qkv(lay, seed=4)
     start = jnp.int32(7)
     out, _ = _sparse(q, k, v, layer, 7, lay, _params(0.0))
@@ -184,3 +185,26 @@ def test_sparse_gradients_reach_compression_and_gates():
         g = np.asarray(grads[name][...])
         assert np.isfinite(g).all() and np.abs(g).max() > 0, name
     assert np.isfinite(np.asarray(gq)).all()
+
+
+def test_gather_attention_equals_pbsa_reference():
+    """The XLA:CPU fast path of the selected branch is the kernel's spec on its inputs."""
+    from vidax.forcing.attention import gather_attention
+    from vidax.kernels.pbsa import pbsa_reference
+
+    b, n, slots, bs, kd, tile, nq, m = 2, 3, 9, 4, 8, 5, 3, 4
+    ks = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(ks[0], (b, tile * nq, n, kd))
+    pool_k = jax.random.normal(ks[1], (b, n, slots, bs, kd))
+    pool_v = jax.random.normal(ks[2], (b, n, slots, bs, kd))
+    # Distinct slots per tile (a random permutation's head), some of them empty.
+    idx = jnp.argsort(jax.random.uniform(ks[3], (b, n, nq, slots)), axis=-1)[..., :m]
+    idx = idx.astype(jnp.int32)
+    valid = jnp.arange(slots) % 3 != 1
+    valid = jnp.broadcast_to(valid, (b, n, slots))
+    out = gather_attention(q, pool_k, pool_v, idx, valid, tile, 0.3)
+    ref = pbsa_reference(
+        q.swapaxes(1, 2), pool_k, pool_v, idx, jnp.full((b, n, nq), m, jnp.int32),
+        block_q=tile, scale=0.3, slot_len=jnp.where(valid, bs, 0).astype(jnp.int32),
+    )  # fmt: skip
+    np.testing.assert_allclose(out, ref.swapaxes(1, 2), atol=1e-5, rtol=1e-5)

@@ -50,6 +50,7 @@ def test_derived_sizes():
         ({**SPARSE, "memory_topk": 6}, "larger than the memory budget"),
         (dict(salience_decay=1.0), "salience_decay"),
         (dict(shift=0.0), "shift"),
+        (dict(pbsa_backend="cuda"), "pbsa_backend"),
     ],
 )
 def test_config_errors(kwargs, match):

@@ -29,6 +29,7 @@ import numpy as np
 from vidax.sampling import shift_sigmas
 
 ATTENTION = ("dense", "sparse")
+PBSA_BACKENDS = ("auto", "reference", "tpu", "triton", "gather")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,8 +53,9 @@ class ForcingConfig:
       compressed_tokens: size of the ring of compressed discarded blocks (sparse; 0 disables).
       salience_decay: gamma of the salience average u <- gamma u + (1 - gamma) mass.
       query_tile: query rows sharing one selection; None = one latent frame.
-      pbsa_backend: backend of `vidax.kernels.pbsa.pbsa` ("auto", "reference", "tpu",
-        "triton").
+      pbsa_backend: backend of the selected branch: one of `vidax.kernels.pbsa.pbsa`'s
+        ("auto", "reference", "tpu", "triton"), or "gather" (gather + batched matmuls in XLA,
+        `vidax.forcing.attention.gather_attention`: the fast path on a CPU).
     """
 
     chunk_frames: int = 3
@@ -112,6 +114,10 @@ class ForcingConfig:
             raise ValueError(
                 f"context_timestep={self.context_timestep} must lie in [0, {t.min()}) (below "
                 "every denoising timestep)"
+            )
+        if self.pbsa_backend not in PBSA_BACKENDS:
+            raise ValueError(
+                f"pbsa_backend must be one of {PBSA_BACKENDS}, got {self.pbsa_backend!r}"
             )
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")

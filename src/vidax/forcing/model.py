@@ -35,7 +35,7 @@ from vidax.forcing.cache import KVCache, init_cache, write_chunk
 from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.models.wan import WanConfig, WanTransformer
 from vidax.models.wan import key_map as wan_key_map
-from vidax.nn import attention, video_positions
+from vidax.nn import video_positions
 
 
 class CausalWan(nnx.Module):
@@ -167,6 +167,17 @@ def block_causal_mask(num_frames: int, tokens_per_frame: int, forcing: ForcingCo
     return jnp.asarray(ok)
 
 
+def masked_attention(
+    q: Float[Array, "b l n k"], k: Float[Array, "b l n k"], v: Float[Array, "b l n k"], mask
+) -> Float[Array, "b l n k"]:
+    """softmax(q k^T / sqrt(k) | mask) v, float32, laid out as head-major batched matmuls
+    (several times faster than token-major einsums on XLA:CPU). `mask` (l, s) bool."""
+    scale = q.shape[-1] ** -0.5
+    qh, kh, vh = (a.swapaxes(1, 2).astype(jnp.float32) for a in (q, k, v))
+    logits = jnp.where(mask, (qh * scale) @ kh.swapaxes(-1, -2), jnp.finfo(jnp.float32).min)
+    return (jax.nn.softmax(logits, axis=-1) @ vh).swapaxes(1, 2).astype(q.dtype)
+
+
 def forward_full(
     model: CausalWan,
     x: Float[Array, "b t h w c"],
@@ -205,8 +216,8 @@ def forward_full(
     per_frame = grid[1] * grid[2]
     cond = tr.condition(jnp.repeat(timesteps.astype(jnp.float32), per_frame, axis=1), context)
     angles = tr.rope(grid, video_positions(*grid))
-    mask = block_causal_mask(t, per_frame, forcing)[None, None]
-    attend = lambda q, k, v: attention(q, k, v, mask=mask, impl="xla")
+    mask = block_causal_mask(t, per_frame, forcing)
+    attend = lambda q, k, v: masked_attention(q, k, v, mask)
     tokens = tr.run_blocks(tokens, cond, angles, self_attention=attend)
     return tr.unembed(tokens, cond, grid)
 
