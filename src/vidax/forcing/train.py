@@ -591,7 +591,10 @@ def tiny_causal_stages(
             log_every=25,
         ),
         "dense": StageConfig(forcing=dense, **rollout),
-        "sparse": StageConfig(forcing=sparse, **rollout),
+        # The gather path is the same function as PBSA's reference, about 2x faster on a CPU.
+        "sparse": StageConfig(
+            forcing=dataclasses.replace(sparse, pbsa_backend="gather"), **rollout
+        ),
     }
 
 
