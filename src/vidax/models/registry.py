@@ -97,11 +97,12 @@ def _specs() -> dict[str, ModelSpec]:
             name="tiny",
             family="wan",
             config=WAN["tiny"],
-            vae="tiny",
+            vae="shapes",
             text_encoder="hashed",
             weights="tiny",
+            # Trained on 33-frame clips (9x16x16 latents); see vidax/assets/tiny/TRAINING.md.
             defaults=SamplingDefaults(
-                num_frames=17, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
+                num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
             ),
         ),
         ModelSpec(

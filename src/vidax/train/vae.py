@@ -1,8 +1,9 @@
 """Stage 1: train a Wan-architecture VAE on `vidax.data.shapes` clips.
 
 The VAE learns on short clips cropped around their objects (the objects are what the metrics
-read; the dim background is easy), with a reconstruction loss that weights object pixels up,
-an edge term that keeps shape outlines sharp, and a small KL term. The result is exported in
+read; the dim background is easy), with a squared error that weights object pixels up and a
+small KL term, from an initialisation that skips the long plateau of the model's default one
+(`build_vae`). The result is exported in
 the diffusers layout (`vidax.models.wan_vae.save`) together with the per-channel statistics
 of its latents, which the diffusion stage normalises with.
 
@@ -50,8 +51,8 @@ class VAEStageConfig:
             it everything longer ones need.
         crop: square crop size in pixels (a multiple of the spatial factor), centred near an
             object with probability `object_crop`; 0 trains on whole frames.
-        object_weight: extra L1 weight on object (palette) pixels.
-        edge_weight: weight of the L1 loss on spatial finite differences (sharp outlines).
+        object_weight: extra weight of object (palette) pixels in the squared error.
+        edge_weight: weight of an L1 loss on spatial finite differences (sharper outlines).
         kl_weight: weight of the mean KL to N(0, 1).
         optim: optimiser settings; the learning rate decays (cosine) over the steps after the
             warm-up, whatever `optim.decay_steps` says.
@@ -59,17 +60,17 @@ class VAEStageConfig:
     """
 
     vae: str = "shapes"
-    steps: int = 600
+    steps: int = 2400
     batch_size: int = 4
     seed: int = 0
     frames: int = 9
-    crop: int = 32
+    crop: int = 24
     object_crop: float = 0.8
     object_weight: float = 4.0
-    edge_weight: float = 0.5
+    edge_weight: float = 0.0
     kl_weight: float = 1e-4
     optim: OptimConfig = dataclasses.field(
-        default_factory=lambda: OptimConfig(lr=1e-3, warmup=30, weight_decay=1e-4, ema_decay=0.99)
+        default_factory=lambda: OptimConfig(lr=1.5e-3, warmup=30, weight_decay=1e-4, ema_decay=0.99)
     )
     checkpoint_every: int = 100
     log_every: int = 25
@@ -226,35 +227,63 @@ def object_mask(x: Float[Array, "... 3"]) -> Float[Array, "... 1"]:
 def vae_loss(
     vae: WanVAE, x: Float[Array, "b T H W 3"], key: jax.Array, config: VAEStageConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Weighted L1 + edge L1 on a posterior sample's reconstruction, + KL; and its parts."""
+    """Object-weighted MSE (+ optional edge L1) of a posterior sample's reconstruction, + KL.
+
+    Squared error rather than L1: a missing object is a large error in few pixels, which L1
+    weighs like many small background errors; in single-batch probes the weighted MSE
+    reached in 100 steps an object PSNR (25.6 dB) that L1 was 3.7 dB short of.
+
+    Returns:
+        The loss and its parts (rec, edge, kl) plus the PSNR of the whole clip and of its
+        object pixels.
+    """
     mu, logvar = moments(vae, x)
     z = mu + jnp.exp(0.5 * logvar) * jax.random.normal(key, mu.shape, mu.dtype)
     y = decode_raw(vae, z).astype(jnp.float32)
-    weight = 1.0 + config.object_weight * object_mask(x)
-    l1 = jnp.mean(weight * jnp.abs(y - x)) / jnp.mean(weight)
+    objects = object_mask(x)
+    weight = 1.0 + config.object_weight * objects
+    rec = jnp.mean(weight * jnp.square(y - x)) / jnp.mean(weight)
     edge = sum(
         jnp.mean(jnp.abs(jnp.diff(y, axis=a) - jnp.diff(x, axis=a))) for a in (2, 3)
     ) / jnp.float32(2.0)
     kl = 0.5 * jnp.mean(jnp.square(mu) + jnp.exp(logvar) - 1.0 - logvar)
-    loss = l1 + config.edge_weight * edge + config.kl_weight * kl
-    mse = jnp.mean(jnp.square(jnp.clip(y, -1.0, 1.0) - x))
-    psnr = 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-10))
-    return loss, {"l1": l1, "edge": edge, "kl": kl, "psnr": psnr}
+    loss = rec + config.edge_weight * edge + config.kl_weight * kl
+    err = jnp.square(jnp.clip(y, -1.0, 1.0) - x)
+    object_mse = jnp.sum(objects * err) / jnp.maximum(3.0 * jnp.sum(objects), 1.0)
+    return loss, {
+        "rec": rec,
+        "edge": edge,
+        "kl": kl,
+        "psnr": _psnr(jnp.mean(err)),
+        "object_psnr": _psnr(object_mse),
+    }
+
+
+def _psnr(mse: jax.Array) -> jax.Array:
+    return 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-10))  # peak-to-peak 2 on [-1, 1]
 
 
 # ------------------------------------------------------------------------- training
 
 
 def build_vae(config: VAEStageConfig) -> WanVAE:
-    """A freshly initialised VAE whose latent starts strong and nearly deterministic.
+    """A freshly initialised VAE that starts shallow, with a strong, nearly exact latent.
 
-    With torch's default init (the model's) the posterior means come out ~0.1 while the
-    posterior std is ~1, so the decoder first sees almost pure noise, and even without the
-    noise the small means barely move its output: training sits on a plateau, predicting the
-    mean frame, for hundreds of steps. So `quant_conv` starts with its mean half scaled by
-    `_INIT_MU_GAIN` and its log-variance bias at `_INIT_LOGVAR` (posterior std 0.02).
+    Training from the model's init (torch's defaults) sits on a plateau, predicting the mean
+    frame, for hundreds of steps: the posterior means come out ~0.1 while the posterior std
+    is ~1, so the decoder first sees almost pure noise, and the signal fades through ~20
+    residual blocks. So, as in Fixup / zero-init-residual ResNets, the last conv of every
+    residual branch and every attention output projection start at zero (each block starts
+    as its shortcut), `quant_conv`'s mean half is scaled by `_INIT_MU_GAIN` and its
+    log-variance bias set to `_INIT_LOGVAR` (posterior std 0.02). In single-batch probes this
+    reaches in 80 steps a loss that default init does not reach in 300.
     """
     vae = WanVAE(config.model_config, rngs=nnx.Rngs(config.seed))
+    for _, node in nnx.iter_graph(vae):
+        if isinstance(node, _vae_model.ResidualBlock):
+            node.conv2.kernel[...] = jnp.zeros_like(node.conv2.kernel[...])
+        elif isinstance(node, _vae_model.AttentionBlock):
+            node.proj.kernel[...] = jnp.zeros_like(node.proj.kernel[...])
     z = config.model_config.z_dim
     kernel, bias = vae.quant_conv.kernel, vae.quant_conv.bias
     kernel[...] = kernel[...].at[..., :z].multiply(_INIT_MU_GAIN)

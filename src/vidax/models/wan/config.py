@@ -110,14 +110,15 @@ class WanConfig:
 PRESETS: dict[str, WanConfig] = {
     "wan2.1-1.3b": WanConfig(dim=1536, num_layers=30, num_heads=12, ffn_dim=8960),
     "wan2.1-14b": WanConfig(dim=5120, num_layers=40, num_heads=40, ffn_dim=13824),
-    # Small enough to train and sample on a CPU; the embedded default of `vidax generate`.
+    # Small enough to train and sample on a CPU; the embedded default of `vidax generate`,
+    # trained on the latents of the "shapes" VAE (8 channels) by `vidax train dit`.
     "tiny": WanConfig(
         dim=128,
         num_layers=4,
         num_heads=4,
         ffn_dim=512,
-        in_channels=4,
-        out_channels=4,
+        in_channels=8,
+        out_channels=8,
         text_dim=64,
         text_len=32,
         freq_dim=64,

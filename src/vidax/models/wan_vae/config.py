@@ -199,4 +199,16 @@ PRESETS: dict[str, WanVAEConfig] = {
         latents_mean=(0.1, -0.2, 0.3, 0.0),
         latents_std=(1.5, 0.5, 2.0, 1.0),
     ),
+    # The VAE of the shipped `tiny` text-to-video model, trained by `vidax train vae` on
+    # `vidax.data.shapes` clips (see vidax/assets/tiny/TRAINING.md): Wan's 4x temporal
+    # compression, 4x spatial (33x64x64 pixels -> 9x16x16 latents), 8 latent channels, a wider
+    # decoder than encoder. latents_mean/std are measured on training clips after training.
+    "shapes": WanVAEConfig(
+        base_dim=8,
+        decoder_base_dim=16,
+        z_dim=8,
+        dim_mult=(1, 2, 4),
+        num_res_blocks=1,
+        temperal_downsample=(True, True),
+    ),
 }
