@@ -210,5 +210,7 @@ PRESETS: dict[str, WanVAEConfig] = {
         dim_mult=(1, 2, 4),
         num_res_blocks=1,
         temperal_downsample=(True, True),
+        latents_mean=(1.2686, -1.769, 0.6872, -0.488, 0.2484, -0.2557, -1.9036, -0.9786),
+        latents_std=(2.9232, 2.8848, 3.8874, 2.7634, 2.5532, 1.9476, 4.8112, 2.5532),
     ),
 }
