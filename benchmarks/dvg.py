@@ -233,12 +233,15 @@ def run_tiny(args) -> None:
                 p = dvg.plan(c.schedule, latent[:3], spec.config.patch_size, solver)
                 f = plan_flops(args.model, p, cfg_batch)
                 if n == "dvg":  # the probe's steps (reused when the schedule starts with them)
-                    probe = dvg.sampler._probe_schedule(
-                        latent[:3], spec.config.patch_size, steps, dvg.DEFAULT_POLICY
-                    )
-                    if probe is not None and c.schedule.stages[0] != probe.stages[0]:
-                        pp = dvg.plan(probe, latent[:3], spec.config.patch_size, solver)
-                        f += probe.stages[0].steps * hlo_step_flops(
+                    probe = dvg.probe_stage(latent[:3], spec.config.patch_size, steps)
+                    if probe is not None and c.schedule.stages[0] != probe:
+                        pp = dvg.plan(
+                            dvg.Schedule.of([probe, (1, 1, steps - probe.steps)]),
+                            latent[:3],
+                            spec.config.patch_size,
+                            solver,
+                        )
+                        f += probe.steps * hlo_step_flops(
                             args.model, pp.stages[0].padded, cfg_batch
                         )
                 flops.append(f)
@@ -336,8 +339,10 @@ def run_calibration(args) -> None:
     solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
     patch = tuple(spec.config.patch_size)
     cfg = 1.0 if family.embedded_guidance(spec) else guidance
-    probe_schedule = dvg.sampler._probe_schedule(latent[:3], patch, steps, dvg.DEFAULT_POLICY)
-    probe_plan = dvg.plan(probe_schedule, latent[:3], patch, solver)
+    first = dvg.probe_stage(latent[:3], patch, steps)
+    probe_plan = dvg.plan(
+        dvg.Schedule.of([first, (1, 1, steps - first.steps)]), latent[:3], patch, solver
+    )
     ratios = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
     rows = []
     for i in range(args.calibrate):
@@ -351,8 +356,8 @@ def run_calibration(args) -> None:
         noise = jax.random.normal(jax.random.key(50_000 + i), (1, *latent), jnp.float32)
         full = pipeline.denoise(transformer, noise, cond, negative, solver=solver, guidance=cfg)
         ref = _unit(pipeline.decode(vae, full)[0])
-        _, signals = dvg.probe(transformer, noise, cond, negative, plan=probe_plan, guidance=cfg)
-        m, dd = (float(v) for v in np.asarray(signals)[0])
+        probed = dvg.probe(transformer, noise, cond, negative, plan=probe_plan, guidance=cfg)
+        m, dd = (float(v) for v in np.asarray(probed.signals)[0])
         picks = {}
         for r in ratios:
             policy = dvg.Policy(motion_weight=r, detail_weight=1.0)
@@ -363,7 +368,7 @@ def run_calibration(args) -> None:
                 args.budget,
                 (m, dd),
                 policy=policy,
-                probe=probe_schedule.stages[0],
+                probe=first,
             )
             picks[r] = c.schedule
         for fam in FIXED:

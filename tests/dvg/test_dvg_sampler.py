@@ -165,16 +165,41 @@ def test_resuming_from_the_probe_equals_running_stage_zero(toy):
     model, cond, negative, noise = toy
     solver = UniPC(num_steps=4, shift=3.0)
     p = dvg.plan(dvg.Schedule.of([(2, 2, 2), (1, 1, 2)]), LATENT, (1, 2, 2), solver)
-    predictions, signals = dvg.probe(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
-    assert predictions[0].shape == predictions[1].shape == (1, 3, 4, 4, noise.shape[-1])
-    assert signals.shape == (1, 2)
+    probed = dvg.probe(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
+    assert probed.x0.shape == probed.eps_hat.shape == (1, 3, 4, 4, noise.shape[-1])
+    assert probed.signals.shape == (1, 2) and probed.stage == dvg.Stage(2, 2, 2)
     whole = dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE)
-    resumed = dvg.denoise(
-        model, noise, cond, negative, plan=p, guidance=GUIDANCE, resume=predictions
-    )
+    resumed = dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE, resume=probed)
     np.testing.assert_allclose(resumed, whole, atol=1e-5)
+    # a schedule that refines through another grid after the probe's stage resumes too
+    p3 = dvg.plan(dvg.Schedule.of([(2, 2, 2), (1, 2, 1), (1, 1, 1)]), LATENT, (1, 2, 2), solver)
+    assert probed.resumes(p3.schedule)
+    np.testing.assert_allclose(
+        dvg.denoise(model, noise, cond, negative, plan=p3, guidance=GUIDANCE, resume=probed),
+        dvg.denoise(model, noise, cond, negative, plan=p3, guidance=GUIDANCE),
+        atol=1e-5,
+    )
+    # same grid, different steps: the probe's noise levels are not this stage's
+    other = dvg.plan(dvg.Schedule.of([(2, 2, 3), (1, 1, 1)]), LATENT, (1, 2, 2), solver)
+    assert not probed.resumes(other.schedule)
     with pytest.raises(ValueError, match="resume needs"):
-        dvg.denoise(model, noise, cond, negative, plan=p, guidance=GUIDANCE, resume=(noise, noise))
+        dvg.denoise(model, noise, cond, negative, plan=other, guidance=GUIDANCE, resume=probed)
+    with pytest.raises(ValueError, match="reduced first stage"):
+        dvg.probe(
+            model,
+            noise,
+            cond,
+            negative,
+            plan=dvg.plan(dvg.Schedule.full(4), LATENT, (1, 2, 2), solver),
+            guidance=GUIDANCE,
+        )
+
+
+def test_probe_stage_keeps_enough_frames_and_pixels():
+    # 9x16x16 (the tiny model's latent): coarsest grid with >= 3 frames and >= 8 pixels across
+    assert dvg.probe_stage((9, 16, 16), (1, 2, 2), 20) == dvg.Stage(4, 2, 5)
+    assert dvg.probe_stage((9, 16, 16), (1, 2, 2), 1) is None  # nothing left after a probe
+    assert dvg.probe_stage((1, 6, 6), (1, 2, 2), 20) is None  # no factor divides
 
 
 def test_videos_choosing_different_schedules_are_regrouped_in_order(toy, monkeypatch):

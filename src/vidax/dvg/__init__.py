@@ -7,10 +7,12 @@ works with every vidax DiT whose forward accepts `positions` (Wan, HunyuanVideo)
 - `Stage`, `Schedule`: `[(t_factor, s_factor, steps), ...]` ending at full resolution;
   `plan(schedule, latent, patch, solver)` resolves grids, noise levels and stage solvers.
 - `sample` (inside jit) / `denoise` (a DiT, one compile per plan): the multi-stage loop.
+- `probe_stage`, `probe` -> `Probe`: the selector's cheap first stage, resumable by any
+  schedule that starts with it (`denoise(..., resume=probe)`).
 - `restrict_noise`, `upsample`, `correct_noise`, `renoise`, `positions`: the transition math
   (per-axis grid operators `axis_operators`).
-- `measure`, `candidates`, `choose` / `select` (cached), `Policy`: the selector; `accelerate` runs an accel mode
-  ("dvg", "spatial", "temporal", "joint", "none") end to end.
+- `measure`, `candidates`, `choose` / `select` (cached), `Policy`: the selector; `accelerate`
+  runs an accel mode ("dvg", "spatial", "temporal", "joint", "none") end to end.
 - `step_flops`, `relative_cost`: the analytic FLOP model used for budgets.
 """
 
@@ -18,9 +20,11 @@ from vidax.dvg.cost import relative_cost, schedule_flops, step_flops
 from vidax.dvg.sampler import (
     ACCEL_MODES,
     DEFAULT_BUDGET,
+    Probe,
     accelerate,
     denoise,
     probe,
+    probe_stage,
     sample,
 )
 from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan, plan, reduced_shape
@@ -59,6 +63,7 @@ __all__ = [
     "Choice",
     "Plan",
     "Policy",
+    "Probe",
     "Schedule",
     "Stage",
     "StagePlan",
@@ -74,6 +79,7 @@ __all__ = [
     "plan",
     "positions",
     "probe",
+    "probe_stage",
     "reduced_shape",
     "relative_cost",
     "renoise",

@@ -6,11 +6,14 @@
 `sample` unrolls the stages in Python (their shapes differ) and runs each stage's steps with
 `vidax.sampling.sample` (a `lax.fori_loop`), so one jit covers the whole schedule and shapes
 change only at stage boundaries. `denoise` is the model-level entry (CFG, one compile per plan);
-`probe` runs the selector's cheap first steps.
+`probe` runs the selector's cheap first steps once and returns a `Probe` that any schedule
+starting with the same stage resumes from (`denoise(..., resume=probe)`), so those steps are
+never paid twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -20,11 +23,41 @@ import numpy as np
 from flax import nnx
 
 from vidax import sampling
-from vidax.dvg.schedule import Plan, StagePlan
+from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan
 from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
 
 # velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x.
 VelocityFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=("x0", "eps_hat", "signals"),
+    meta_fields=("stage",),
+)
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """Stage 0 of a schedule, run once (`probe`): what the selector measures and what a schedule
+    that starts with the same stage resumes from. A pytree (the stage is static metadata).
+
+    Attributes:
+      x0 / eps_hat: (b, t', h', w', c) clean and noise predictions of the stage's last step.
+      signals: (b, 2) (motion, detail) of x0 (`vidax.dvg.selector.measure`).
+      stage: the `Stage` that ran (grid factors and steps).
+    """
+
+    x0: jax.Array
+    eps_hat: jax.Array
+    signals: jax.Array
+    stage: Stage
+
+    def resumes(self, schedule: Schedule) -> bool:
+        """Whether `schedule` starts with this probe's stage and has more (so can resume)."""
+        return len(schedule.stages) > 1 and schedule.stages[0] == self.stage
+
+    def take(self, rows) -> Probe:
+        """The probe of a subset of the videos (rows: an index array)."""
+        return jax.tree.map(lambda a: a[rows], self)
 
 
 def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
@@ -122,7 +155,7 @@ def sample(
     plan: Plan,
     *,
     key: jax.Array | None = None,
-    resume: tuple[jax.Array, jax.Array] | None = None,
+    resume: Probe | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
     """Integrates every stage of `plan`; call inside `jax.jit` to compile the schedule once.
@@ -132,7 +165,7 @@ def sample(
       noise: (b, t, h, w, c) full-resolution starting noise (restricted to coarse grids).
       plan: the resolved schedule.
       key: PRNG key for `plan.noise == "fresh"`.
-      resume: (x0, eps_hat) of stage 0 (e.g. the probe's, `probe`): start at stage 1.
+      resume: a `Probe` of this plan's stage 0 (same latent): start at stage 1 from it.
       on_step: host callback with the base schedule's step index after each step.
 
     Returns:
@@ -147,12 +180,13 @@ def sample(
             x = restrict_noise(noise, first.factors, **_methods(plan))
         start = 0
     else:
-        if len(stages) < 2 or tuple(resume[0].shape[1:4]) != stages[0].shape:
+        if not resume.resumes(plan.schedule) or tuple(resume.x0.shape[1:4]) != stages[0].shape:
             raise ValueError(
-                f"resume needs stage 0's predictions on grid {stages[0].shape}, got "
-                f"{tuple(resume[0].shape)} for {len(stages)} stages"
+                f"resume needs a probe of this plan's first stage {plan.schedule.stages[0]} on "
+                f"grid {stages[0].shape} and a later stage; got {resume.stage} on grid "
+                f"{tuple(resume.x0.shape[1:4])} for {plan.schedule.describe()}"
             )
-        x, noise = transition(*resume, noise, plan, 1, key=key)
+        x, noise = transition(resume.x0, resume.eps_hat, noise, plan, 1, key=key)
         start = 1
     for index in range(start, len(stages)):
         out = run_stage(velocity_fn, x, plan, index, on_step=on_step)
@@ -193,7 +227,7 @@ def denoise(
     plan: Plan,
     guidance: float,
     key: jax.Array | None = None,
-    resume: tuple[jax.Array, jax.Array] | None = None,
+    resume: Probe | None = None,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
@@ -234,13 +268,19 @@ def probe(
     plan: Plan,
     guidance: float,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
-) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+) -> Probe:
     """Runs stage 0 of `plan` (the selector's probe) and measures its clean prediction.
 
+    Args:
+      model / noise / cond / negative / guidance / model_input: as `denoise`.
+      plan: a reduced plan; only its first stage runs (e.g. `probe_stage`'s, followed by the
+        full-resolution rest).
+
     Returns:
-      ((x0, eps_hat) each (b, t', h', w', c) on stage 0's grid, for `sample(resume=...)`;
-      signals (b, 2) = (motion, detail) from `vidax.dvg.selector.measure`).
+      A `Probe` for `vidax.dvg.select` (its `signals` and `stage`) and `denoise(resume=...)`.
     """
+    if plan.stages[0].factors == (1, 1):
+        raise ValueError(f"the probe needs a reduced first stage, got {plan.schedule.describe()}")
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     run = _compiled_probe(graphdef, plan, float(guidance), use_cfg, model_input)
@@ -258,9 +298,41 @@ def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool, model_
         first = plan.stages[0]
         x = restrict_noise(noise, first.factors, **_methods(plan))
         x0, eps_hat = run_stage(velocity, x, plan, 0)
-        return (x0, eps_hat), measure(x0)
+        return Probe(x0, eps_hat, measure(x0), plan.schedule.stages[0])
 
     return run
+
+
+def probe_stage(
+    latent: tuple[int, int, int], patch: tuple[int, int, int], num_steps: int, policy=None
+) -> Stage | None:
+    """The selector's probe: the first `policy.probe_steps(num_steps)` steps on the coarsest
+    candidate grid that still shows motion and detail, or None when no axis can be reduced.
+
+    "Still shows" means at least `_PROBE_MIN_FRAMES` frames (a temporal difference needs two,
+    an interpolation residual three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band
+    of a few frequencies).
+    """
+    from vidax.dvg.schedule import reduced_shape
+    from vidax.dvg.selector import DEFAULT_POLICY, ladders
+
+    policy = policy or DEFAULT_POLICY
+    grids = [ladder[0] for family in ladders(latent, patch, policy).values() for ladder in family]
+    grids = [
+        f
+        for f in grids
+        if f != (1, 1)
+        and reduced_shape(latent, f)[0] >= min(latent[0], _PROBE_MIN_FRAMES)
+        and min(reduced_shape(latent, f)[1:]) >= min(*latent[1:], _PROBE_MIN_SIZE)
+    ]
+    if not grids or num_steps < 2:
+        return None
+    ft, fs = max(grids, key=lambda f: (f[0] * f[1] * f[1], f))
+    return Stage(ft, fs, policy.probe_steps(num_steps))
+
+
+_PROBE_MIN_FRAMES = 3
+_PROBE_MIN_SIZE = 8
 
 
 # -- accel modes: none / spatial / temporal / joint / dvg -----------------------------------------
@@ -296,8 +368,9 @@ def accelerate(
         schedule of that family for the budget, independent of content), or "none" (the base
         sampler, exactly).
       budget: compute to spend, as a fraction of the full sampler's token-steps (sum of steps x
-        grid size), in (0, 1]; the probe counts against it unless the schedule resumes from it. FLOPs fall further than the budget
-        on large grids (attention is quadratic), wall-clock less on tiny ones (fixed costs).
+        grid size), in (0, 1]; the probe counts against it unless the schedule resumes from it.
+        FLOPs fall further than the budget on large grids (attention is quadratic), wall-clock
+        less on tiny ones (fixed costs).
       policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
       key: PRNG key for `noise="fresh"` plans.
       on_step: host callback per step (base-schedule step index).
@@ -307,7 +380,6 @@ def accelerate(
       (latents (b, t, h, w, c) float32, one `vidax.dvg.Choice` per video).
     """
     from vidax.dvg import selector
-    from vidax.dvg.schedule import Schedule
 
     if accel not in ACCEL_MODES:
         raise ValueError(f"accel must be one of {ACCEL_MODES}, got {accel!r}")
@@ -336,8 +408,8 @@ def accelerate(
         latents = run(noise, cond, negative, plan=make_plan(full))
         return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
 
-    probe_schedule = _probe_schedule(latent, patch, n, policy) if accel == "dvg" else None
-    if accel != "dvg" or probe_schedule is None:
+    first = probe_stage(latent, patch, n, policy) if accel == "dvg" else None
+    if first is None:
         family = "joint" if accel == "dvg" else accel
         choice = selector.select(
             latent, patch, solver.sigmas, budget, None, policy=policy, families=(family,)
@@ -350,13 +422,12 @@ def accelerate(
         latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
         return latents, [choice] * batch
 
-    probe_plan = make_plan(probe_schedule)
-    first = probe_schedule.stages[0]
-    predictions, signals = probe(
+    probe_plan = make_plan(Schedule((first, Stage(1, 1, n - first.steps))))
+    probed = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
     )
     choices = []
-    for row in np.asarray(signals):
+    for row in np.asarray(probed.signals):
         measured = (float(row[0]), float(row[1]))
         choice = selector.select(
             latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
@@ -368,48 +439,18 @@ def accelerate(
     parts = {}
     for schedule, rows in groups.items():
         idx = np.asarray(rows)
-        # The probe is this schedule's first stage: resume from its clean prediction.
-        resume = len(schedule.stages) > 1 and schedule.stages[0] == first
         parts[schedule] = run(
             noise[idx],
             _take(idx, cond),
             None if negative is None else _take(idx, negative),
             plan=make_plan(schedule),
-            resume=_take(idx, predictions) if resume else None,
+            # the probe is this schedule's first stage: continue from it
+            resume=probed.take(idx) if probed.resumes(schedule) else None,
         )
     if len(groups) == 1:
         return parts[choices[0].schedule], choices
     order = np.argsort(np.concatenate([np.asarray(rows) for rows in groups.values()]))
     return jnp.concatenate(list(parts.values()), axis=0)[order], choices
-
-
-def _probe_schedule(latent, patch, num_steps: int, policy):
-    """[(probe grid, probe steps), (full, rest)], or None when no axis can be reduced.
-
-    The probe grid is the coarsest one that still shows motion and detail: at least
-    `_PROBE_MIN_FRAMES` frames (a temporal difference needs two, an interpolation residual
-    three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band of a few frequencies).
-    """
-    from vidax.dvg.schedule import Schedule, reduced_shape
-    from vidax.dvg.selector import ladders
-
-    grids = [ladder[0] for family in ladders(latent, patch, policy).values() for ladder in family]
-    grids = [
-        f
-        for f in grids
-        if f != (1, 1)
-        and reduced_shape(latent, f)[0] >= min(latent[0], _PROBE_MIN_FRAMES)
-        and min(reduced_shape(latent, f)[1:]) >= min(*latent[1:], _PROBE_MIN_SIZE)
-    ]
-    if not grids or num_steps < 2:
-        return None
-    ft, fs = max(grids, key=lambda f: (f[0] * f[1] * f[1], f))
-    k = policy.probe_steps(num_steps)
-    return Schedule.of([(ft, fs, k), (1, 1, num_steps - k)])
-
-
-_PROBE_MIN_FRAMES = 3
-_PROBE_MIN_SIZE = 8
 
 
 @functools.lru_cache(maxsize=128)
