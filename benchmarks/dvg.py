@@ -11,7 +11,7 @@ steps spent there. Then the FLOP-count speed-up of the selector's schedules for 
 compiled step's HLO (abstract weights, full depth).
 
     python benchmarks/dvg.py                       # everything
-    python benchmarks/dvg.py --prompts 6 --no-large
+    python benchmarks/dvg.py --prompts 8 --no-large  # 8 prompts spread over the categories
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def run_tiny(args) -> None:
     few_steps = max(1, round(steps * args.budget))
     few_solver = sampling.make_solver(args.sampler or d.sampler, few_steps, shift)
     cfg_batch = 1 if family.embedded_guidance(spec) else 2
-    prompts = EVAL_PROMPTS[: args.prompts]
+    prompts = _spread(EVAL_PROMPTS, args.prompts)
     print(
         f"model {spec.name} ({'RANDOM weights: ' + '; '.join(random_weights) if random_weights else 'shipped weights'})\n"
         f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
@@ -274,6 +274,12 @@ def run_tiny(args) -> None:
         )
     print()
     _targets(summary, wall, flop_speedups)
+
+
+def _spread(items, k: int) -> list:
+    """k items evenly spread over the list (the eval prompts are grouped by motion category)."""
+    k = max(1, min(k, len(items)))
+    return [items[(i * len(items)) // k] for i in range(k)]
 
 
 def _latent_psnr(x: np.ndarray, ref: np.ndarray) -> float:

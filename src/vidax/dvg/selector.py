@@ -11,26 +11,31 @@
      finest scale the probe sees (a self-similar spectrum puts the same fraction one scale up).
 3. **Candidates.** Ladders of nested grids ending at full resolution: spatial-only
    (1, s) -> (1, 1), temporal-only (t, 1) -> (1, 1), joint (t, s) -> (1, 1) and the joint ladders
-   that restore one axis first, with 2x/4x/8x factors that divide the latent; for each ladder,
-   every split of the steps that costs at most the budget, in token-steps: sum over stages of
-   steps x grid size, as a fraction of the full run (DVG's cost proxy; the FLOP saving is larger
-   because attention is quadratic in the tokens, see `vidax.dvg.cost`).
-4. **Predicted loss** of a candidate. A transition that refines axis a from reduction g to g'
-   (g = the fraction of that axis' samples a grid drops: 1 - t'/t, 1 - h'w'/hw) at re-noise
-   level sigma' leaves the interpolation error of the dropped samples in the latent. The next
-   stage repaints what the noise drowns; what survives is the signal share
-   kappa(sigma') = (1 - sigma')^2 / ((1 - sigma')^2 + sigma'^2). So
+   that restore one axis first, with 2x/4x/8x factors that divide the latent and keep at least
+   `Policy.min_tokens` tokens across each spatial axis (a frame of one token has no spatial
+   structure for attention to work with); for each ladder, every split of the steps that costs
+   at most the budget, in token-steps: sum over stages of steps x grid size, as a fraction of
+   the full run (DVG's cost proxy; the FLOP saving is larger because attention is quadratic in
+   the tokens, see `vidax.dvg.cost`).
+4. **Predicted loss** of a candidate. A grid reduced by f along an axis cannot represent a
+   share L(f) of the signal's energy there. The signals measure it one octave down
+   (L_t(2) = m, L_s(2) = d); assuming a self-similar spectrum (each octave loses the same share
+   of what is left), L(f) = 1 - (1 - x)^log2(f) with x = m or d. A transition from grid A to
+   the finer grid B at re-noise level sigma' leaves the band B can represent and A could not,
+   L(A) - L(B), as interpolation error in the latent. The next stage repaints what the noise
+   drowns; what survives is the signal share kappa(sigma') = (1 - sigma')^2 / ((1 - sigma')^2 +
+   sigma'^2). So
 
-       loss = sum over transitions of kappa(sigma') * (w_t m (g_t - g_t') + w_s d (g_s - g_s')
-                                                        + w_0 (g - g')),
+       loss = sum over transitions of kappa(sigma') * (w_t (L_t(A) - L_t(B))
+                                                        + w_s (L_s(A) - L_s(B)) + w_0 (g_A - g_B)),
 
-   g the fraction of all samples dropped (a small content-independent term).
+   g the fraction of all samples a grid drops (a small content-independent term).
 
    The selector picks the feasible candidate with the smallest predicted loss (cheaper on
    ties), or no reduction when even that loss exceeds `Policy.tolerance`. A still scene (m ~ 0)
    gets the strongest temporal reduction the budget allows; fast motion keeps its frames and
-   reduces space. The weights are fixed (one default policy, calibrated offline on training
-   clips, never per video); the budget is the only user preference.
+   reduces space. The weights are fixed (one default policy, never per video); the budget is
+   the only user preference.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Policy:
       tolerance: predicted loss above which no reduction is chosen.
       min_full: minimum fraction of the steps at full resolution (at least one step).
       factors: reduction factors to consider per axis (those dividing the latent are used).
+      min_tokens: tokens a reduced grid keeps at least across each spatial axis.
       default_signals: (motion, detail) assumed without a probe (fixed strategies).
     """
 
@@ -75,6 +81,7 @@ class Policy:
     tolerance: float = math.inf
     min_full: float = 0.1
     factors: tuple[int, ...] = (2, 4, 8)
+    min_tokens: int = 2
     default_signals: tuple[float, float] = (0.5, 0.5)
 
     def __post_init__(self):
@@ -86,6 +93,8 @@ class Policy:
             raise ValueError("Policy weights must be >= 0")
         if not self.factors or any(f < 2 for f in self.factors):
             raise ValueError(f"Policy.factors must be ints >= 2, got {self.factors}")
+        if self.min_tokens < 1:
+            raise ValueError(f"Policy.min_tokens must be >= 1, got {self.min_tokens}")
 
     def probe_steps(self, num_steps: int) -> int:
         return max(1, min(num_steps - 1, round(self.probe * num_steps)))
@@ -156,12 +165,13 @@ def ladders(
     """Grid ladders (coarse to fine, ending at (1, 1)) per family for a (t, h, w) latent.
 
     A factor is used when it divides the latent and leaves at least two frames (temporal) or
-    one patch (spatial).
+    `policy.min_tokens` patches across (spatial).
     """
     t, h, w = latent
+    k = policy.min_tokens
     ts = [f for f in policy.factors if t > 1 and (t - 1) % f == 0]
     ss = [f for f in policy.factors if h % f == 0 and w % f == 0]
-    ss = [f for f in ss if h // f >= patch[1] and w // f >= patch[2]]
+    ss = [f for f in ss if h // f >= k * patch[1] and w // f >= k * patch[2]]
     out: dict[str, list] = {"none": [((1, 1),)], "spatial": [], "temporal": [], "joint": []}
 
     def refine(f, options):
@@ -256,23 +266,48 @@ def _signal_share(sigma: np.ndarray) -> np.ndarray:
     return (1 - sigma) ** 2 / ((1 - sigma) ** 2 + sigma**2)
 
 
-def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> tuple[float, float, float]:
-    """(temporal, spatial, total) loss coefficients of a candidate: sums of kappa * drop."""
-    t, h, w = latent
-    full = t * h * w
-    coef_t = coef_s = coef_0 = 0.0
+# Transition rows of a candidate: (kappa, octaves_t of A, of B, octaves_s of A, of B, g_A - g_B).
+_MAX_TRANSITIONS = 3
+
+
+def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> np.ndarray:
+    """(_MAX_TRANSITIONS, 6) transition rows of a candidate (zero rows pad)."""
+    full = math.prod(latent)
+    rows = np.zeros((_MAX_TRANSITIONS, 6), np.float64)
     step = 0
     stages = candidate.schedule.stages
-    for prev, nxt in itertools.pairwise(stages):
+    if len(stages) - 1 > _MAX_TRANSITIONS:
+        raise ValueError(f"at most {_MAX_TRANSITIONS + 1} stages, got {len(stages)}")
+    for i, (prev, nxt) in enumerate(itertools.pairwise(stages)):
         step += prev.steps
         shape_prev = reduced_shape(latent, prev.factors)
         shape_next = reduced_shape(latent, nxt.factors)
         sigma = shift_sigmas(base_sigmas[step], math.sqrt(math.prod(shape_next) / full))
-        kappa = float(_signal_share(np.float64(sigma)))
-        coef_t += kappa * (shape_next[0] - shape_prev[0]) / t
-        coef_s += kappa * (shape_next[1] * shape_next[2] - shape_prev[1] * shape_prev[2]) / (h * w)
-        coef_0 += kappa * (math.prod(shape_next) - math.prod(shape_prev)) / full
-    return coef_t, coef_s, coef_0
+        rows[i] = (
+            float(_signal_share(np.float64(sigma))),
+            math.log2(prev.t_factor),
+            math.log2(nxt.t_factor),
+            math.log2(prev.s_factor),
+            math.log2(nxt.s_factor),
+            (math.prod(shape_next) - math.prod(shape_prev)) / full,
+        )
+    return rows
+
+
+def _losses(terms: np.ndarray, signals: tuple[float, float], policy: Policy) -> np.ndarray:
+    """Predicted loss (n,) of candidates with transition rows (n, _MAX_TRANSITIONS, 6)."""
+    m, d = (min(max(float(v), 0.0), 1.0) for v in signals)
+    kappa, ta, tb, sa, sb, drop = np.moveaxis(terms, -1, 0)
+
+    def lost(x, octaves):  # share a grid `octaves` halvings coarser cannot represent
+        return 1.0 - (1.0 - x) ** octaves
+
+    per = (
+        policy.motion_weight * (lost(m, ta) - lost(m, tb))
+        + policy.detail_weight * (lost(d, sa) - lost(d, sb))
+        + policy.base_weight * drop
+    )
+    return (kappa * per).sum(axis=-1)
 
 
 def choose(
@@ -295,9 +330,9 @@ def choose(
     if not candidates_:
         raise ValueError("no candidate schedule fits the budget")
     sigmas = np.asarray(base_sigmas, np.float64)
-    coef = np.asarray([_terms(c, latent, sigmas) for c in candidates_], np.float64)
+    terms = np.stack([_terms(c, latent, sigmas) for c in candidates_])
     costs = np.asarray([c.cost for c in candidates_], np.float64)
-    return _pick(tuple(candidates_), coef, costs, signals, policy)
+    return _pick(tuple(candidates_), terms, costs, signals, policy)
 
 
 def select(
@@ -312,18 +347,18 @@ def select(
     probe: Stage | None = None,
 ) -> Choice | None:
     """`choose` over `candidates` (token-step budget, `probe` as there), with the candidate
-    table cached per (latent, steps, budget, policy, probe): a per-video decision costs one
-    small dot product.
+    table cached per (latent, steps, budget, policy, probe): a per-video decision costs a few
+    vectorised NumPy operations.
 
     Returns None when no candidate fits the budget.
     """
     sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
-    found, coef, costs = _table(
+    found, terms, costs = _table(
         tuple(latent), tuple(patch), sigmas, float(budget), policy, tuple(families), probe
     )
     if not found:
         return None
-    return _pick(found, coef, costs, signals, policy)
+    return _pick(found, terms, costs, signals, policy)
 
 
 @functools.lru_cache(maxsize=64)
@@ -340,15 +375,14 @@ def _table(latent, patch, sigmas, budget, policy, families, probe):
         )
     )
     base = np.asarray(sigmas, np.float64)
-    coef = np.asarray([_terms(c, latent, base) for c in found], np.float64).reshape(-1, 3)
+    terms = np.asarray([_terms(c, latent, base) for c in found], np.float64)
     costs = np.asarray([c.cost for c in found], np.float64)
-    return found, coef, costs
+    return found, terms.reshape(-1, _MAX_TRANSITIONS, 6), costs
 
 
-def _pick(found, coef, costs, signals, policy) -> Choice:
+def _pick(found, terms, costs, signals, policy) -> Choice:
     m, d = policy.default_signals if signals is None else signals
-    weights = [policy.motion_weight * m, policy.detail_weight * d, policy.base_weight]
-    loss = coef @ np.asarray(weights, np.float64)
+    loss = _losses(terms, (m, d), policy)
     # smallest loss (to 1e-12), then cheapest, then first enumerated
     order = np.lexsort((np.arange(len(found)), costs, np.round(loss, 12)))
     i = int(order[0])
