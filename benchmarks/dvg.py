@@ -401,7 +401,10 @@ def run_calibration(args) -> None:
 
 
 def run_large(args) -> None:
-    print("\nFLOP-count speed-up at native resolution (compiled step HLO, abstract weights):")
+    print(
+        f"\nFLOP-count speed-up at native resolution, budget {args.budget:.3g} token-steps "
+        "(compiled step HLO, abstract weights; dvg rows include the probe unless resumed):"
+    )
     for name in ("wan2.1-1.3b", "hunyuanvideo"):
         spec = get(name)
         d = spec.defaults
@@ -419,16 +422,29 @@ def run_large(args) -> None:
             found = dvg.candidates(latent, patch, d.steps, args.budget, families=(family,))
             if found:
                 rows[family] = dvg.choose(found, None, latent, solver.sigmas)
-        found = dvg.candidates(latent, patch, d.steps, args.budget)
+        probe = dvg.probe_stage(latent, patch, d.steps)
+        found = dvg.candidates(latent, patch, d.steps, args.budget, probe=probe)
         for m in (0.0, 0.5, 1.0):
             for dd in (0.0, 0.5, 1.0):
                 rows[f"dvg m={m:.1f} d={dd:.1f}"] = dvg.choose(
                     found, (m, dd), latent, solver.sigmas
                 )
+        probe_flops = 0.0
+        if probe is not None:
+            pp = dvg.plan(
+                dvg.Schedule.of([probe, (1, 1, d.steps - probe.steps)]), latent, patch, solver
+            )
+            probe_flops = probe.steps * hlo_step_flops(name, pp.stages[0].padded, batch)
+            print(
+                f"    probe {probe} on {pp.stages[0].shape}: {probe_flops / full:.4f} of the FLOPs"
+            )
         seen = set()
         for label, c in rows.items():
             p = dvg.plan(c.schedule, latent, patch, solver)
-            speedup = full / plan_flops(name, p, batch)
+            flops = plan_flops(name, p, batch)
+            if label.startswith("dvg") and c.schedule.stages[0] != probe:
+                flops += probe_flops  # the probe ran and was not resumed
+            speedup = full / flops
             key = (c.schedule, label.startswith("dvg"))
             note = "" if key not in seen else " (same)"
             seen.add(key)
