@@ -422,6 +422,14 @@ def accelerate(
         latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
         return latents, [choice] * batch
 
+    if (
+        selector.select(latent, patch, solver.sigmas, budget, None, policy=policy, probe=first)
+        is None
+    ):
+        raise ValueError(
+            f"no schedule of {n} steps fits the budget {budget:.3g} for latent {latent} after "
+            "the probe; raise the budget or the steps"
+        )
     probe_plan = make_plan(Schedule((first, Stage(1, 1, n - first.steps))))
     probed = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
@@ -429,10 +437,11 @@ def accelerate(
     choices = []
     for row in np.asarray(probed.signals):
         measured = (float(row[0]), float(row[1]))
-        choice = selector.select(
-            latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
+        choices.append(
+            selector.select(
+                latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
+            )
         )
-        choices.append(choice or selector.Choice("none", Schedule.full(n), 1.0, 0.0, measured))
     groups: dict[Schedule, list[int]] = {}
     for i, c in enumerate(choices):
         groups.setdefault(c.schedule, []).append(i)
