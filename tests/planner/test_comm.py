@@ -53,6 +53,25 @@ def test_two_by_two_block_cycle_halves_the_line():
     assert ring_cost(topo, [reordered], shard).transfer == pytest.approx(cycle.transfer)
 
 
+def test_strided_rings_run_both_ways_when_that_relieves_shared_links():
+    topo = synthetic_topology("v5e:4x4")
+    chip = topo.chip
+    shard = 2 * MB
+    cycle = ((0, 0), (2, 0), (2, 2), (0, 2))  # a 2x2 cycle of chips two hops apart
+    a = [topo.index(c) for c in cycle]
+    b = [topo.index((x + 1, y)) for x, y in cycle]  # interleaved: shares a's x links
+    alone, shared = ring_cost(topo, [a], shard), ring_cost(topo, [a, b], shard)
+    # One way round, every step puts a whole shard (alone) or two (shared) on some x link;
+    # both ways round halve that.
+    assert alone.bidirectional and shared.bidirectional and shared.max_hops == 2
+    assert alone.transfer == pytest.approx(3 * 0.5 * shard / chip.link_bandwidth)
+    assert shared.transfer == pytest.approx(3 * 1.0 * shard / chip.link_bandwidth)
+    # A line gains nothing from running both ways: it stays one-way.
+    line = ring_cost(topo, [_row(topo, 0)], shard)
+    assert not line.bidirectional
+    assert line.transfer == pytest.approx(3 * shard / chip.link_bandwidth)
+
+
 def test_all_to_all_is_about_a_quarter_of_all_gather_on_a_ring():
     topo = synthetic_topology("v5e:16x16")
     rings = [_row(topo, y) for y in range(16)]

@@ -104,6 +104,23 @@ def test_prune_drops_misfits_and_dominated_and_keeps_the_cheapest():
         prune(estimates[1:2], chip, keep=1)
 
 
+def test_prune_sends_near_misses_to_the_compiler_least_memory_first():
+    chip = CHIPS["v5e"]  # 15.75 GiB, 14.18 GiB with the margin
+    gib = 1 << 30
+    estimates = [
+        _estimate("gather", 1.0, 0.2, 17 * gib),
+        _estimate("ring", 1.5, 0.2, 15 * gib),
+        _estimate("ulysses", 1.2, 0.2, 16 * gib),
+        _estimate("none", 1.0, 0.1, 25 * gib),  # beyond 1.25x HBM: dropped
+    ]
+    pruned = prune(estimates, chip, keep=2)
+    assert pruned.tight
+    assert [e.candidate.sequence for e in pruned.fits] == ["ring", "ulysses", "gather"]
+    assert [e.candidate.sequence for e in pruned.survivors] == ["ring", "ulysses"]
+    assert "none fit HBM with a 10% margin, 3 within 1.25x of it" in pruned.summary()
+    assert not prune(estimates[:1] + [_estimate("ring", 1.0, 0.1, 4 * gib)], chip, keep=1).tight
+
+
 @pytest.mark.tpu_aot
 def test_stage1_matches_the_compiled_program(tpu_topology):
     """The estimate's exact parts (weights, ring permutes) equal the compiled HLO's; FLOPs and

@@ -9,9 +9,11 @@ at the same time. The time of a communication step is
 
 Algorithms (s = per-device shard, n = group size, B = one-way link bandwidth):
 - all-gather / reduce-scatter: a ring in replica-group order, n-1 steps, each member sending
-  its shard to the next. When every ring edge is one hop (a closed unit-hop cycle) both
-  directions carry half of each shard (bidirectional ring), otherwise one direction carries all.
-  A full wrapped ring then costs ~ (n-1)*s/(2B) -> V/W_bidi; a 4-chip line without wrap-around
+  its shard to the next. The ring runs bidirectionally (half of each shard each way round)
+  whenever that lowers the busiest link's load, otherwise one way: a closed unit-hop cycle
+  always gains 2x; a strided ring (members 2 hops apart) gains where its return routes use
+  links the forward routes leave idle; a line gains nothing (its closing edge already loads the
+  reverse links). A full wrapped ring then costs ~ (n-1)*s/(2B) -> V/W_bidi; a 4-chip line without wrap-around
   costs 3*(s/B + 3*alpha_hop) because its closing edge runs back over the whole line.
 - all-reduce: reduce-scatter + all-gather, i.e. twice the ring.
 - all-to-all: every member sends V/n to every other member at once (all n(n-1) messages
@@ -46,7 +48,7 @@ class CommCost:
         transfer: bandwidth terms (busiest link bytes / link bandwidth, summed over steps).
         max_link_bytes: bytes on the busiest directed link in one step.
         max_hops: longest route of any message, in hops.
-        bidirectional: whether every ring used both directions.
+        bidirectional: whether the rings ran both ways round (it lowered the busiest link).
     """
 
     time: float
@@ -112,18 +114,21 @@ def ring_cost(
     n = max((len(r) for r in rings), default=1)
     if n <= 1:
         return ZERO
-    messages = []
-    all_bidi = True
+    one_way, both_ways = [], []
     for ring in rings:
         edges = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
-        bidi = all(topology.hops(a, b) == 1 for a, b in edges)
-        all_bidi &= bidi
-        if bidi:
-            messages += [(a, b, shard_bytes / 2) for a, b in edges]
-            messages += [(b, a, shard_bytes / 2) for a, b in edges]
-        else:
-            messages += [(a, b, shard_bytes) for a, b in edges]
-    loads, max_hops = link_loads(topology, messages)
+        one_way += [(a, b, shard_bytes) for a, b in edges]
+        both_ways += [(a, b, shard_bytes / 2) for a, b in edges]
+        both_ways += [(b, a, shard_bytes / 2) for a, b in edges]
+    # The library runs one algorithm for all groups: half of every shard each way round when
+    # that lowers the busiest link (always on a unit-hop cycle; also on strided rings whose
+    # return routes use idle links), else the whole shard one way (e.g. a line, whose closing
+    # edge already loads the reverse links).
+    loads, max_hops = link_loads(topology, one_way)
+    bidi_loads, bidi_hops = link_loads(topology, both_ways)
+    all_bidi = bool(bidi_loads.max() < loads.max() * (1 - 1e-9))
+    if all_bidi:
+        loads, max_hops = bidi_loads, bidi_hops
     step_transfer = loads.max() / chip.link_bandwidth
     latency = alpha_op + (n - 1) * chip.alpha_hop * max_hops
     transfer = (n - 1) * step_transfer

@@ -38,6 +38,10 @@ from vidax.planner.candidates import Candidate, Workload
 from vidax.planner.hardware import Chip, GiB
 
 MEMORY_MARGIN = 0.1  # stage 1 is an estimate: keep 10% of HBM spare
+# When nothing fits with the margin, candidates estimated up to this factor over HBM still go to
+# stage 2, whose compiled memory analysis decides: the activation estimate runs high (Wan 14B
+# 720p on v5e:2x4, Ulysses+fsdp: 8.53 GiB estimated, 6.44 GiB compiled).
+TIGHT_FACTOR = 1.25
 _ATTENTION_KERNELS = ("splash", "flash")
 
 
@@ -87,10 +91,17 @@ class Pruned:
     fits: tuple[Estimate, ...]
     undominated: tuple[Estimate, ...]
     survivors: tuple[Estimate, ...]  # the ones to compile
+    tight: bool = False  # nothing fit with the margin: survivors are the least memory first
 
     def summary(self) -> str:
+        fit = (
+            f"none fit HBM with a {MEMORY_MARGIN:.0%} margin, {len(self.fits)} within "
+            f"{TIGHT_FACTOR:.2f}x of it"
+            if self.tight
+            else f"{len(self.fits)} fit HBM"
+        )
         return (
-            f"stage 1: {len(self.estimates)} candidates, {len(self.fits)} fit HBM, "
+            f"stage 1: {len(self.estimates)} candidates, {fit}, "
             f"{len(self.undominated)} not dominated, {len(self.survivors)} kept for compiling"
         )
 
@@ -373,12 +384,26 @@ def prune(
 ) -> Pruned:
     """Drops candidates that do not fit or are dominated; keeps the `keep` cheapest.
 
+    When no estimate fits HBM less the margin, the memory estimate is too coarse to decide:
+    candidates whose weights fit and whose estimate is within `TIGHT_FACTOR` of HBM go on to
+    compiling, least memory first (the compiled program's memory analysis decides).
+
     Raises:
-        ValueError: if no candidate fits in HBM, with the smallest memory need and its split.
+        ValueError: if no candidate can fit in HBM, with the smallest memory need and its split.
     """
     ranked = sorted(estimates, key=lambda e: (e.upper, e.memory))
     budget = chip.hbm_bytes * (1 - margin)
     fits = [e for e in ranked if e.memory <= budget]
+    tight = not fits
+    if tight:
+        fits = sorted(
+            (
+                e
+                for e in ranked
+                if e.param_bytes <= chip.hbm_bytes and e.memory <= TIGHT_FACTOR * chip.hbm_bytes
+            ),
+            key=lambda e: (e.memory, e.upper),
+        )
     if not fits:
         best = min(ranked, key=lambda e: e.memory)
         raise ValueError(
@@ -388,11 +413,15 @@ def prune(
             f"({best.param_bytes / GiB:.2f} GiB of weights + {best.activation_bytes / GiB:.2f} "
             f"GiB of activations); use a larger slice or a smaller video"
         )
-    best_upper = min(e.upper for e in fits)
-    undominated = [e for e in fits if e.lower <= best_upper]
+    if tight:
+        undominated = fits  # fitting comes first: no cost-based dominance
+    else:
+        best_upper = min(e.upper for e in fits)
+        undominated = [e for e in fits if e.lower <= best_upper]
     return Pruned(
         estimates=tuple(ranked),
         fits=tuple(fits),
         undominated=tuple(undominated),
         survivors=tuple(undominated[: max(1, keep)]),
+        tight=tight,
     )
