@@ -118,7 +118,7 @@ def test_prune_sends_near_misses_to_the_compiler_least_memory_first():
     assert [e.candidate.sequence for e in pruned.fits] == ["ring", "ulysses", "gather"]
     assert [e.candidate.sequence for e in pruned.survivors] == ["ring", "ulysses"]
     assert "none fit HBM with a 10% margin, 3 within 1.25x of it" in pruned.summary()
-    assert not prune(estimates[:1] + [_estimate("ring", 1.0, 0.1, 4 * gib)], chip, keep=1).tight
+    assert not prune([*estimates[:1], _estimate("ring", 1.0, 0.1, 4 * gib)], chip, keep=1).tight
 
 
 @pytest.mark.tpu_aot
