@@ -119,6 +119,48 @@ ENTRY %main (x: f32[8,16]) -> f32[8,16] {
 """
 
 
+_NESTED_SLICE = """HloModule nested, num_partitions=1
+
+%slice_layer (w: bf16[40,64,128], i: s32[]) -> bf16[64,128] {
+  %w = bf16[40,64,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,64,128]{2,1,0} dynamic-slice(%w, %i, %z, %z), dynamic_slice_sizes={1,64,128}
+  ROOT %b = bf16[64,128]{1,0} bitcast(%ds)
+}
+
+%matmul (x: bf16[32,64], w: bf16[40,64,128], i: s32[]) -> bf16[32,128] {
+  %x = bf16[32,64]{1,0} parameter(0)
+  %w = bf16[40,64,128]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %layer = bf16[64,128]{1,0} fusion(%w, %i), kind=kLoop, calls=%slice_layer
+  ROOT %d = bf16[32,128]{1,0} dot(%x, %layer), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%scale (w: bf16[40,64,128]) -> bf16[40,64,128] {
+  %w = bf16[40,64,128]{2,1,0} parameter(0)
+  ROOT %n = bf16[40,64,128]{2,1,0} negate(%w)
+}
+
+ENTRY %main (x: bf16[32,64], w: bf16[40,64,128], i: s32[]) -> (bf16[32,128], bf16[40,64,128]) {
+  %x = bf16[32,64]{1,0} parameter(0)
+  %w = bf16[40,64,128]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %mm = bf16[32,128]{1,0} fusion(%x, %w, %i), kind=kOutput, calls=%matmul
+  %neg = bf16[40,64,128]{2,1,0} fusion(%w), kind=kLoop, calls=%scale
+  ROOT %t = (bf16[32,128]{1,0}, bf16[40,64,128]{2,1,0}) tuple(%mm, %neg)
+}
+"""
+
+
+def test_fusions_read_stacked_weights_at_the_size_their_nested_fusions_slice():
+    ops = {op.name: op for op in analyze_hlo(_NESTED_SLICE).ops}
+    x, layer, out, stacked = 32 * 64 * 2, 64 * 128 * 2, 32 * 128 * 2, 40 * 64 * 128 * 2
+    assert ops["mm"].bytes == x + layer + out + 4  # one layer of the 40 (and the s32 index)
+    assert ops["mm"].flops == 2 * 32 * 64 * 128
+    assert ops["neg"].bytes == 2 * stacked  # read whole where the whole is used
+
+
 def test_trip_count_from_condition_and_backend_config():
     analysis = analyze_hlo(_LOOP)
     assert analysis.num_devices == 4

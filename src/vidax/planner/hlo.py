@@ -734,7 +734,7 @@ class _Walker:
                     self.collectives.append(self._collective(sub_comp, coll, count, known))
                 # "continuation": the same in-flight collective; only its compute counts.
         flops = self._comp_flops(fused.name) if fused is not None else 0.0
-        nbytes = _fusion_bytes(fused, inst) if fused is not None else inst.nbytes
+        nbytes = _fusion_bytes(fused, inst, self.module) if fused is not None else inst.nbytes
         if flops or nbytes:
             self._add_op(comp, inst, flops, nbytes, count)
 
@@ -902,14 +902,15 @@ def _async_fusion_role(comp: Computation, coll: Instruction) -> str:
     return "sync"
 
 
-def _fusion_bytes(fused: Computation, inst: Instruction) -> float:
+def _fusion_bytes(fused: Computation, inst: Instruction, module: HloModule | None = None) -> float:
     """HBM bytes of one fusion: parameters it reads plus results it writes.
 
     Parameters only passed through (to the root tuple, an async-collective custom call or a
-    collective) are not read; parameters only sliced are read at slice size; a root
-    dynamic-update-slice writes its update in place.
+    collective) are not read; parameters only sliced are read at slice size, also through
+    bitcasts/reshapes and nested fusions (a scanned layer's matmul fusion takes the whole
+    stacked weight and slices its layer in a nested loop fusion); a root dynamic-update-slice
+    writes its update in place.
     """
-    passthrough = {"tuple", "custom-call", *COLLECTIVES}
     in_place = set()
     root = fused.root
     written = 0.0
@@ -931,15 +932,38 @@ def _fusion_bytes(fused: Computation, inst: Instruction) -> float:
     for p in fused.instructions:
         if p.opcode != "parameter" or p.name in in_place:
             continue
-        users = [u for u in fused.users.get(p.name, ()) if _base_kind(u.opcode) is None]
-        users = [u for u in users if u.opcode not in passthrough]
-        if not users:
-            continue
-        if all(u.opcode in _SLICE_OPS for u in users):
-            read += sum(u.nbytes for u in users)
-        else:
-            read += p.nbytes
+        read += _read_bytes(fused, p, module, depth=0)
     return read + written
+
+
+_PASSTHROUGH = frozenset({"tuple", "custom-call", *COLLECTIVES})
+_VIEWS = frozenset({"bitcast", "reshape"})
+
+
+def _read_bytes(comp: Computation, value: Instruction, module, depth: int) -> float:
+    """Bytes of `value` (a fused parameter or a view of one) that its users read from HBM."""
+    users = [u for u in comp.users.get(value.name, ()) if _base_kind(u.opcode) is None]
+    users = [u for u in users if u.opcode not in _PASSTHROUGH]
+    if not users:
+        return 0.0
+    total = 0.0
+    for u in users:
+        if u.opcode in _SLICE_OPS:
+            total += u.nbytes
+        elif u.opcode in _VIEWS and depth < 8:
+            total += _read_bytes(comp, u, module, depth + 1)
+        elif u.opcode == "fusion" and module is not None and depth < 8:
+            names = [n for k, n in u.called() if k == "calls"]
+            inner = module.computations.get(names[0]) if names else None
+            if inner is None:
+                return float(value.nbytes)
+            for k, operand in enumerate(u.operands):
+                param = inner.parameter(k) if operand == value.name else None
+                if param is not None:
+                    total += _read_bytes(inner, param, module, depth + 1)
+        else:
+            return float(value.nbytes)  # read whole (once, however many users)
+    return min(total, float(value.nbytes))
 
 
 # ---- loop trip counts ------------------------------------------------------------------------
