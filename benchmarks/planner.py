@@ -71,7 +71,9 @@ def run_case(model: str, size: str, topology: str, cache_dir=None) -> dict:
         a=best.score.total,
         a_name=f"{best.candidate.name} {best.placement.name}",
         a_comm=best.score.communication / best.score.total,
+        a_comm_s=best.score.communication,
         b=logical.default.total,
+        b_comm=logical.default.communication,
         b_name=logical.candidate.name,
         compiled=len(result.compiled),
         exhaustive=len(result.candidates),
@@ -116,6 +118,7 @@ def fmt(row: dict) -> str:
     xla = f"{row['xla_c_over_a']:6.2f}" if c else f"{'n/a':>6}"
     return (
         f"{case} {row['a'] * 1e3:8.1f} {100 * row['a_comm']:5.1f} {row['b'] / row['a']:6.2f} "
+        f"{row['b_comm'] / max(row['a_comm_s'], 1e-12):6.2f} "
         f"{c_ratio} {row['b_best_ring'] / row['a_best_ring']:6.2f} {c_best} {xla} "
         f"{row['compiled']:>3}/{row['exhaustive']:<3} {row['planner_s']:7.1f}"
         f"{'*' if row['cached'] else ' '}"
@@ -125,7 +128,7 @@ def fmt(row: dict) -> str:
 
 
 HEADER = (
-    f"{'model':<12} {'size':<5} {'slice':<8} {'(a) ms':>8} {'comm%':>5} {'(b)/a':>6} "
+    f"{'model':<12} {'size':<5} {'slice':<8} {'(a) ms':>8} {'comm%':>5} {'(b)/a':>6} {'comm':>6} "
     f"{'(c)/a':>6} {'b/a*':>6} {'c/a*':>6} {'xla c/a':>6} {'compiled':>7} {'plan s':>8} "
     f"{'GiB':>6}  planner's choice"
 )
@@ -151,6 +154,7 @@ def main(argv=None) -> int:
                 print(HEADER + "\n" + fmt(rows[-1]), flush=True)
 
     print("\nAoiZora planner benchmark (times: modelled step latency of one CFG denoising step)")
+    print("comm: (b)'s exposed communication over (a)'s (what placement changes; compute does not)")
     print("b/a*, c/a*: the same ratios with rings priced in their best unit-hop cycle order")
     print("plan s: planner wall time (* = some compiled candidates came from the cache)")
     print(f"load average at end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
