@@ -33,7 +33,7 @@ from flax import nnx
 
 from vidax import dvg, metrics, pipeline, sampling
 from vidax.data import EVAL_PROMPTS
-from vidax.models.registry import get
+from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
 
 FIXED = ("spatial", "temporal", "joint")
@@ -98,6 +98,20 @@ def plan_flops(spec_name: str, p: dvg.Plan, batch: int) -> float:
 # -- the tiny-model comparison --------------------------------------------------------------------
 
 
+def _load(spec, args):
+    """The DiT and VAE: --transformer / --vae safetensors files, else the shipped weights."""
+    if args.transformer:
+        transformer = spec.loader(args.transformer, spec.config)
+    else:
+        transformer = pipeline.load_transformer(spec, None)
+    if args.vae:
+        vae_spec = get_vae(spec.vae)
+        vae = vae_spec.loader(args.vae, vae_spec.config)
+    else:
+        vae = pipeline.load_vae(spec, None)
+    return transformer, vae
+
+
 def _unit(frames: np.ndarray) -> np.ndarray:
     """(F, H, W, 3) in [0, 1] -> [-1, 1] for `vidax.metrics`."""
     return frames * 2.0 - 1.0
@@ -113,8 +127,7 @@ def run_tiny(args) -> None:
     latent = pipeline.geometry(spec).latent_shape(frames, height, width)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        transformer = pipeline.load_transformer(spec, None)
-        vae = pipeline.load_vae(spec, None)
+        transformer, vae = _load(spec, args)
     random_weights = [str(w.message) for w in caught if "random" in str(w.message)]
     family = pipeline.adapter(spec)
     solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
@@ -122,8 +135,12 @@ def run_tiny(args) -> None:
     few_solver = sampling.make_solver(args.sampler or d.sampler, few_steps, shift)
     cfg_batch = 1 if family.embedded_guidance(spec) else 2
     prompts = _spread(EVAL_PROMPTS, args.prompts)
+    source = ", ".join(f"{k} {v}" for k, v in (("DiT", args.transformer), ("VAE", args.vae)) if v)
+    source = source or "shipped weights"
+    if random_weights:
+        source = "RANDOM weights: " + "; ".join(random_weights)
     print(
-        f"model {spec.name} ({'RANDOM weights: ' + '; '.join(random_weights) if random_weights else 'shipped weights'})\n"
+        f"model {spec.name} ({source})\n"
         f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
         f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
         f"budget {args.budget:.3g} (token-steps), {len(prompts)} eval prompts"
@@ -339,8 +356,7 @@ def run_calibration(args) -> None:
     steps, shift = args.steps or d.steps, args.shift or d.shift
     guidance = d.guidance if args.guidance is None else args.guidance
     latent = pipeline.geometry(spec).latent_shape(frames, height, width)
-    transformer = pipeline.load_transformer(spec, None)
-    vae = pipeline.load_vae(spec, None)
+    transformer, vae = _load(spec, args)
     family = pipeline.adapter(spec)
     solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
     patch = tuple(spec.config.patch_size)
@@ -467,6 +483,8 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=None)
     parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--transformer", default=None, help="DiT safetensors (default: shipped)")
+    parser.add_argument("--vae", default=None, help="VAE safetensors (default: shipped)")
     parser.add_argument("--no-tiny", action="store_true")
     parser.add_argument("--no-large", action="store_true")
     parser.add_argument(

@@ -35,7 +35,7 @@ BudgetOption = Annotated[
         "--budget",
         help=(
             "Speed/quality preference for --accel: the fraction of full-sampling compute to "
-            "spend, in (0, 1] (0.33 ~ 3x faster; 1 = no reduction)."
+            "spend, in (0, 1] (default 0.2: ~5x fewer token-steps; 1 = no reduction)."
         ),
     ),
 ]

@@ -338,7 +338,7 @@ _PROBE_MIN_SIZE = 8
 # -- accel modes: none / spatial / temporal / joint / dvg -----------------------------------------
 
 ACCEL_MODES = ("none", "spatial", "temporal", "joint", "dvg")
-DEFAULT_BUDGET = 1 / 3
+DEFAULT_BUDGET = 0.2
 
 
 def accelerate(
