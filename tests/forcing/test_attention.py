@@ -143,7 +143,8 @@ def test_sparse_selecting_every_block_is_dense():
     assert float(jnp.abs(other - dense).max()) > 1e-3
 
 
-@pytest.mark.parametrize("backend", ["auto", "gather"])
+# "gather" duplicates test_gather_attention_equals_pbsa_reference (gather == reference): slow.
+@pytest.mark.parametrize("backend", ["auto", pytest.param("gather", marks=pytest.mark.slow)])
 def test_sparse_selected_branch_matches_masked_reference(backend):
     lay, layer = _filled_cache(dataclasses.replace(SPARSE, pbsa_backend=backend), 7, seed=3)
     q, k, v = _qkv(lay, seed=4)

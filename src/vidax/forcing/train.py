@@ -620,12 +620,22 @@ def main(argv: list[str] | None = None) -> None:
         "--latents", default=None, help="latent cache of the tiny DiT stage (vidax.train.dit)"
     )
     p.add_argument("--ship", action="store_true", help="copy the results to vidax/assets")
+    p.add_argument(
+        "--transformer", default=None, help="bidirectional DiT weights (default: the shipped ones)"
+    )
+    p.add_argument("--vae", default=None, help="VAE weights file (default: the shipped ones)")
     args = p.parse_args(argv)
 
     preset = get_preset("tiny-causal")
     spec = preset.spec
-    transformer = load_transformer(spec, None)
-    vae = load_vae(spec, None)
+    transformer = load_transformer(spec, args.transformer)
+    if args.vae is not None:
+        from vidax.models.registry import get_vae
+
+        vae_spec = get_vae(spec.vae)
+        vae = vae_spec.loader(args.vae, vae_spec.config)
+    else:
+        vae = load_vae(spec, None)
     from vidax.pipeline import geometry
 
     _, h, w, c = geometry(spec).latent_shape(1, spec.defaults.height, spec.defaults.width)
