@@ -163,10 +163,20 @@ def test_bad_accel_and_budget_raise(toy):
         dvg.accelerate(model, noise, cond, negative, accel="fast", **kw)
     with pytest.raises(ValueError, match="budget must be in"):
         dvg.accelerate(model, noise, cond, negative, budget=0.0, **kw)
-    with pytest.raises(ValueError, match="fits the budget"):
-        dvg.accelerate(model, noise, cond, negative, accel="temporal", budget=0.05, **kw)
-    with pytest.raises(ValueError, match="fits the budget"):
-        dvg.accelerate(model, noise, cond, negative, accel="dvg", budget=0.05, **kw)
+    # no temporal factor divides 6 frames (5 gaps)
+    six = jnp.concatenate([noise, noise[:, :1]], axis=1)
+    with pytest.raises(ValueError, match="no temporal schedule"):
+        dvg.accelerate(model, six, cond, negative, accel="temporal", budget=0.5, **kw)
+    # below every schedule (4 steps: one full step is 0.25): the cheapest runs, with a warning
+    for accel in ("temporal", "dvg"):
+        with pytest.warns(UserWarning, match="below the cheapest"):
+            out, (choice,) = dvg.accelerate(
+                model, noise, cond, negative, accel=accel, budget=0.05, **kw
+            )
+        assert bool(jnp.all(jnp.isfinite(out))) and 0.25 < choice.cost < 1.0
+        if accel == "temporal":
+            found = dvg.candidates(LATENT, (1, 2, 2), 4, 1.0, families=("temporal",))
+            assert choice.cost == pytest.approx(min(c.cost for c in found))
 
 
 def test_resuming_from_the_probe_equals_running_stage_zero(toy):

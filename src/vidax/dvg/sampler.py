@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -369,6 +370,8 @@ def accelerate(
         sampler, exactly).
       budget: compute to spend, as a fraction of the full sampler's token-steps (sum of steps x
         grid size), in (0, 1]; the probe counts against it unless the schedule resumes from it.
+        Below the cheapest schedule (few steps: one full-resolution step of 4 is 0.25), the
+        cheapest one runs, with a warning.
         FLOPs fall further than the budget on large grids (attention is quadratic), wall-clock
         less on tiny ones (fixed costs).
       policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
@@ -408,28 +411,37 @@ def accelerate(
         latents = run(noise, cond, negative, plan=make_plan(full))
         return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
 
+    reducing = tuple(f for f in selector.FAMILIES if f != "none")
+
+    def affordable(families, probe_at):
+        """The budget, or (with a warning) the cheapest schedule's cost when none fits it."""
+        kw = dict(policy=policy, families=families, probe=probe_at)
+        if selector.select(latent, patch, solver.sigmas, budget, None, **kw) is not None:
+            return budget
+        cheapest = selector.cheapest(latent, patch, solver.sigmas, **kw)
+        if cheapest is None:
+            raise ValueError(
+                f"no {'/'.join(families)} schedule of {n} steps exists for latent {latent} "
+                f"(no factor divides it); use accel='none'"
+            )
+        warnings.warn(
+            f"budget {budget:.3g} is below the cheapest {'/'.join(families)} schedule of {n} "
+            f"steps for latent {latent}; running at its cost {cheapest:.3g}",
+            stacklevel=3,
+        )
+        return cheapest
+
     first = probe_stage(latent, patch, n, policy) if accel == "dvg" else None
     if first is None:
-        family = "joint" if accel == "dvg" else accel
+        families = reducing if accel == "dvg" else (accel,)
+        fitted = affordable(families, None)
         choice = selector.select(
-            latent, patch, solver.sigmas, budget, None, policy=policy, families=(family,)
+            latent, patch, solver.sigmas, fitted, None, policy=policy, families=families
         )
-        if choice is None:
-            raise ValueError(
-                f"no {family} schedule of {n} steps fits the budget {budget:.3g} for latent "
-                f"{latent}; raise the budget or the steps"
-            )
         latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
         return latents, [choice] * batch
 
-    if (
-        selector.select(latent, patch, solver.sigmas, budget, None, policy=policy, probe=first)
-        is None
-    ):
-        raise ValueError(
-            f"no schedule of {n} steps fits the budget {budget:.3g} for latent {latent} after "
-            "the probe; raise the budget or the steps"
-        )
+    budget = affordable(reducing, first)
     probe_plan = make_plan(Schedule((first, Stage(1, 1, n - first.steps))))
     probed = probe(
         model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input

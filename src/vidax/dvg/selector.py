@@ -361,6 +361,21 @@ def select(
     return _pick(found, terms, costs, signals, policy)
 
 
+def cheapest(
+    latent: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    base_sigmas,
+    *,
+    policy: Policy = DEFAULT_POLICY,
+    families: Sequence[str] = FAMILIES,
+    probe: Stage | None = None,
+) -> float | None:
+    """The smallest relative cost of any candidate of `families` (None when there is none)."""
+    sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
+    _, _, costs = _table(tuple(latent), tuple(patch), sigmas, 1.0, policy, tuple(families), probe)
+    return float(costs.min()) if costs.size else None
+
+
 @functools.lru_cache(maxsize=64)
 def _table(latent, patch, sigmas, budget, policy, families, probe):
     found = tuple(
