@@ -108,6 +108,9 @@ def main() -> None:
     )
     p.add_argument("--latency-chunks", type=int, default=50)
     p.add_argument("--skip-metrics", action="store_true")
+    p.add_argument(
+        "--skip-timing", action="store_true", help="metrics only (no decode / latency timing)"
+    )
     p.add_argument("--lengths", default="short,4x,12x", help="rollout lengths to run")
     p.add_argument("--sizes", default="trained,large", help="timing sizes (large: --speed-latent)")
     args = p.parse_args()
@@ -148,7 +151,9 @@ def main() -> None:
     one = _context(spec, [_prompts(1)[0].caption])
     speed_rows = []
     sizes = [("trained", (h, w))] if "trained" in args.sizes.split(",") else []
-    if args.speed_latent and "large" in args.sizes.split(","):
+    if args.skip_timing:
+        sizes = []
+    if args.speed_latent and "large" in args.sizes.split(",") and not args.skip_timing:
         sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
     # "auto" is the PBSA reference path on a CPU and the kernel on an accelerator; "gather" is
     # the XLA gather + batched-matmul path (vidax.forcing.attention.gather_attention).
@@ -198,7 +203,7 @@ def main() -> None:
 
     # -- per-chunk latency -----------------------------------------------------------------------
     print("\nper-chunk latency (streamed, compiled once; ms):")
-    for a, model in models.items() if args.latency_chunks else ():
+    for a, model in models.items() if args.latency_chunks and not args.skip_timing else ():
         stepper = ChunkStepper(model, layouts[a], latent_hw=(h, w), channels=c)
         key = jax.random.key(1)
         cache = stepper.init(1)

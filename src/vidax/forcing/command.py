@@ -109,9 +109,13 @@ def stream_generate(
     try:
         num_chunks = forcing.num_chunks(t)
     except ValueError as e:
+        del e
+        step = geo.temporal_stride * forcing.chunk_frames
+        ok = [step * n - (geo.temporal_stride - 1) for n in (1, 2, 3)]
         raise ValueError(
             f"--frames {frames} gives {t} latent frames, which chunks of {forcing.chunk_frames} "
-            f"do not divide ({e}); pick frames = 4 * {forcing.chunk_frames} * n - 3"
+            f"do not divide: use {step}n - {geo.temporal_stride - 1} frames "
+            f"({', '.join(map(str, ok))}, ...)"
         ) from None
     _, ph, pw = spec.config.patch_size
     forcing.layout((h // ph, w // pw))  # block size and budgets, before anything is loaded
