@@ -256,7 +256,7 @@ def test_tiling_blends_to_the_untiled_result_for_a_local_map():
     ("shape", "match"),
     [
         ((1, 8, 16, 16, 3), "1 \\+ 4k frames"),
-        ((1, 9, 12, 16, 3), "divisible by 8"),
+        ((1, 9, 12, 16, 3), "multiples of 8"),
         ((1, 9, 16, 16, 4), "4 channels, expected 3"),
         ((9, 16, 16, 3), "video must be"),
     ],

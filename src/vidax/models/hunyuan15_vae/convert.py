@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import os
 
-from flax import nnx
 from jax.sharding import Mesh
 
-from vidax.checkpoint import Rule, load_model, save_model
+from vidax.checkpoint import Rule
 from vidax.models.hunyuan15_vae.config import PRESETS, HunyuanVideo15VAEConfig
 from vidax.models.hunyuan15_vae.model import HunyuanVideo15VAE
-from vidax.models.wan_vae.convert import CONV3D, GAMMA_VIDEO
-
-
-def _conv(source: str, target: str) -> list[Rule]:
-    return [
-        Rule(f"{source}.weight", f"{target}.kernel", **CONV3D),
-        Rule(f"{source}.bias", f"{target}.bias"),
-    ]
+from vidax.models.vae_convert import GAMMA_VIDEO, conv_rules, load_vae, save_vae
 
 
 def _norm(source: str, target: str) -> list[Rule]:
@@ -33,12 +25,12 @@ def _norm(source: str, target: str) -> list[Rule]:
 def _resnet(prefix: str, in_dim: int, out_dim: int) -> list[Rule]:
     rules = [
         *_norm(f"{prefix}.norm1", f"{prefix}.norm1"),
-        *_conv(f"{prefix}.conv1.conv", f"{prefix}.conv1"),
+        *conv_rules(f"{prefix}.conv1.conv", f"{prefix}.conv1"),
         *_norm(f"{prefix}.norm2", f"{prefix}.norm2"),
-        *_conv(f"{prefix}.conv2.conv", f"{prefix}.conv2"),
+        *conv_rules(f"{prefix}.conv2.conv", f"{prefix}.conv2"),
     ]
     if in_dim != out_dim:  # a plain nn.Conv3d in diffusers, not a causal wrapper
-        rules += _conv(f"{prefix}.conv_shortcut", f"{prefix}.conv_shortcut")
+        rules += conv_rules(f"{prefix}.conv_shortcut", f"{prefix}.conv_shortcut")
     return rules
 
 
@@ -47,23 +39,23 @@ def _mid(prefix: str) -> list[Rule]:
     rules = [*_resnet(f"{prefix}.resnets.0", 1, 1), *_resnet(f"{prefix}.resnets.1", 1, 1)]
     rules += _norm(f"{attn}.norm", f"{attn}.norm")
     for name in ("to_q", "to_k", "to_v", "proj_out"):
-        rules += _conv(f"{attn}.{name}", f"{attn}.{name}")
+        rules += conv_rules(f"{attn}.{name}", f"{attn}.{name}")
     return rules
 
 
 def _coder(prefix: str, blocks: str, layout, num: int, resampler: str) -> list[Rule]:
     rules = [
-        *_conv(f"{prefix}.conv_in.conv", f"{prefix}.conv_in"),
+        *conv_rules(f"{prefix}.conv_in.conv", f"{prefix}.conv_in"),
         *_mid(f"{prefix}.mid_block"),
         *_norm(f"{prefix}.norm_out", f"{prefix}.norm_out"),
-        *_conv(f"{prefix}.conv_out.conv", f"{prefix}.conv_out"),
+        *conv_rules(f"{prefix}.conv_out.conv", f"{prefix}.conv_out"),
     ]
     for i, (in_dim, out_dim, resample) in enumerate(layout):
         stage = f"{prefix}.{blocks}.{i}"
         for j in range(num):
             rules += _resnet(f"{stage}.resnets.{j}", in_dim if j == 0 else out_dim, out_dim)
         if resample is not None:
-            rules += _conv(f"{stage}.{resampler}.0.conv.conv", f"{stage}.resampler.conv")
+            rules += conv_rules(f"{stage}.{resampler}.0.conv.conv", f"{stage}.resampler.conv")
     return rules
 
 
@@ -83,32 +75,10 @@ def load(
     mesh: Mesh | None = None,
     strategy=None,
 ) -> HunyuanVideo15VAE:
-    """Builds a `HunyuanVideo15VAE` straight from a diffusers-layout safetensors checkpoint.
-
-    Args:
-      path: a safetensors file, index, or directory (e.g. a diffusers `vae/` folder).
-      config: a `HunyuanVideo15VAEConfig` or a `PRESETS` name.
-      mesh / strategy: optional placement of every parameter (see `vidax.checkpoint`).
-
-    Raises:
-      CheckpointError: naming every missing, unexpected or mis-shaped key.
-    """
-    if isinstance(config, str):
-        try:
-            config = PRESETS[config]
-        except KeyError:
-            raise ValueError(
-                f"unknown HunyuanVideo15VAE preset {config!r}; choose from {sorted(PRESETS)}"
-            ) from None
-    return load_model(
-        lambda: HunyuanVideo15VAE(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
-    )
+    """Builds a `HunyuanVideo15VAE` from a diffusers-layout checkpoint (args: `vae_convert.load_vae`)."""
+    return load_vae(HunyuanVideo15VAE, PRESETS, key_map, path, config, mesh=mesh, strategy=strategy)
 
 
 def save(vae: HunyuanVideo15VAE, path: str | os.PathLike, **kwargs) -> None:
     """Writes `vae` as a diffusers-layout safetensors file (kwargs: see `save_model`)."""
-    save_model(vae, path, key_map(vae.config), **kwargs)
+    save_vae(vae, key_map, path, **kwargs)

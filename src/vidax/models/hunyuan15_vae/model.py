@@ -32,11 +32,16 @@ from jaxtyping import Array, Float
 from vidax.models.hunyuan15_vae.config import ENCODE_CHUNK, HunyuanVideo15VAEConfig
 from vidax.models.hunyuan_vae.config import Tiling
 from vidax.models.hunyuan_vae.model import CausalConv3d, frame_causal_attention, tiled_2d
-from vidax.models.wan_vae.model import ChannelRMSNorm, _run_chunked
+from vidax.models.video_vae import (
+    VIDEO_AXES,
+    ChannelRMSNorm,
+    check_latents,
+    check_video,
+    run_chunked,
+)
 from vidax.sharding import shard
 
 Cache = Any  # a pytree of arrays mirroring the module tree; None at the clip's start
-_VIDEO_AXES = ("batch", "frames", "height", "width", "channels")
 
 
 def _pack(x: Float[Array, "b t h w c"], rt: int) -> Float[Array, "b t2 h2 w2 c2"]:
@@ -318,28 +323,15 @@ class HunyuanVideo15VAE(nnx.Module):
 
     def _check_video(self, x) -> None:
         cfg = self.config
-        if x.ndim != 5:
-            raise ValueError(f"video must be (b, t, h, w, c), got shape {x.shape}")
-        _, t, h, w, c = x.shape
-        if c != cfg.in_channels:
-            raise ValueError(f"video has {c} channels, expected {cfg.in_channels} (channels-last)")
-        if t % cfg.temporal_factor != 1:
-            raise ValueError(f"video must have 1 + {cfg.temporal_factor}k frames, got {t}")
-        s = cfg.spatial_factor
-        if h % s or w % s or h < s or w < s:
-            raise ValueError(
-                f"video height and width must be positive multiples of {s}, got {h}x{w}"
-            )
+        check_video(
+            x,
+            channels=cfg.in_channels,
+            temporal_factor=cfg.temporal_factor,
+            spatial_factor=cfg.spatial_factor,
+        )
 
     def _check_latents(self, z) -> None:
-        if z.ndim != 5:
-            raise ValueError(f"latents must be (b, t, h, w, c), got shape {z.shape}")
-        if z.shape[-1] != self.config.z_dim:
-            raise ValueError(
-                f"latents have {z.shape[-1]} channels, expected z_dim={self.config.z_dim}"
-            )
-        if min(z.shape[1:4]) < 1:
-            raise ValueError(f"latents have an empty axis: {z.shape}")
+        check_latents(z, z_dim=self.config.z_dim)
 
     def _tiling(self, tiling: Tiling | None) -> Tiling:
         tiling = self.config.tiling if tiling is None else tiling
@@ -384,9 +376,9 @@ class HunyuanVideo15VAE(nnx.Module):
             )
 
         def whole(v):
-            return self.encoder.head(_run_chunked(self.encoder.stream, v, frames_per_step))
+            return self.encoder.head(run_chunked(self.encoder.stream, v, frames_per_step))
 
-        x = shard(x.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
+        x = shard(x.astype(jnp.dtype(self.config.dtype)), VIDEO_AXES)
         if tiling.size is not None and max(x.shape[2:4]) > tiling.size:
             s = self.config.spatial_factor
             h = tiled_2d(whole, x, tile=tiling.size, stride=tiling.stride, scale=1 / s)
@@ -421,9 +413,9 @@ class HunyuanVideo15VAE(nnx.Module):
             )
 
         def whole(v):
-            return _run_chunked(self.decoder.stream, self.decoder.stem(v), latents_per_step)
+            return run_chunked(self.decoder.stream, self.decoder.stem(v), latents_per_step)
 
-        z = shard(z.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
+        z = shard(z.astype(jnp.dtype(self.config.dtype)), VIDEO_AXES)
         s = self.config.spatial_factor
         if tiling.size is not None and max(z.shape[2:4]) > tiling.size // s:
             return tiled_2d(whole, z, tile=tiling.size // s, stride=tiling.stride // s, scale=s)

@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import os
 
-from flax import nnx
 from jax.sharding import Mesh
 
-from vidax.checkpoint import Rule, load_model, save_model
+from vidax.checkpoint import Rule
 from vidax.checkpoint.keymap import linear_rules
 from vidax.models.hunyuan_vae.config import PRESETS, HunyuanVideoVAEConfig
 from vidax.models.hunyuan_vae.model import HunyuanVideoVAE
-from vidax.models.wan_vae.convert import CONV3D
-
-
-def _conv(source: str, target: str) -> list[Rule]:
-    return [
-        Rule(f"{source}.weight", f"{target}.kernel", **CONV3D),
-        Rule(f"{source}.bias", f"{target}.bias"),
-    ]
+from vidax.models.vae_convert import conv_rules, load_vae, save_vae
 
 
 def _norm(source: str, target: str) -> list[Rule]:
@@ -34,12 +26,12 @@ def _norm(source: str, target: str) -> list[Rule]:
 def _resnet(prefix: str, in_dim: int, out_dim: int) -> list[Rule]:
     rules = [
         *_norm(f"{prefix}.norm1", f"{prefix}.norm1"),
-        *_conv(f"{prefix}.conv1.conv", f"{prefix}.conv1"),
+        *conv_rules(f"{prefix}.conv1.conv", f"{prefix}.conv1"),
         *_norm(f"{prefix}.norm2", f"{prefix}.norm2"),
-        *_conv(f"{prefix}.conv2.conv", f"{prefix}.conv2"),
+        *conv_rules(f"{prefix}.conv2.conv", f"{prefix}.conv2"),
     ]
     if in_dim != out_dim:
-        rules += _conv(f"{prefix}.conv_shortcut.conv", f"{prefix}.conv_shortcut")
+        rules += conv_rules(f"{prefix}.conv_shortcut.conv", f"{prefix}.conv_shortcut")
     return rules
 
 
@@ -58,17 +50,17 @@ def _coder(
     prefix: str, layout, num: int, resampler: str, config: HunyuanVideoVAEConfig
 ) -> list[Rule]:
     rules = [
-        *_conv(f"{prefix}.conv_in.conv", f"{prefix}.conv_in"),
+        *conv_rules(f"{prefix}.conv_in.conv", f"{prefix}.conv_in"),
         *_mid(f"{prefix}.mid_block", config.mid_block_add_attention),
         *_norm(f"{prefix}.conv_norm_out", f"{prefix}.conv_norm_out"),
-        *_conv(f"{prefix}.conv_out.conv", f"{prefix}.conv_out"),
+        *conv_rules(f"{prefix}.conv_out.conv", f"{prefix}.conv_out"),
     ]
     for i, (in_dim, out_dim, factors) in enumerate(layout):
         stage = f"{prefix}.{'down' if prefix == 'encoder' else 'up'}_blocks.{i}"
         for j in range(num):
             rules += _resnet(f"{stage}.resnets.{j}", in_dim if j == 0 else out_dim, out_dim)
         if factors != (1, 1):
-            rules += _conv(f"{stage}.{resampler}.0.conv.conv", f"{stage}.resampler.conv")
+            rules += conv_rules(f"{stage}.{resampler}.0.conv.conv", f"{stage}.resampler.conv")
     return rules
 
 
@@ -79,8 +71,8 @@ def key_map(config: HunyuanVideoVAEConfig) -> list[Rule]:
         *_coder(
             "decoder", config.decoder_layout, config.layers_per_block + 1, "upsamplers", config
         ),
-        *_conv("quant_conv", "quant_conv"),
-        *_conv("post_quant_conv", "post_quant_conv"),
+        *conv_rules("quant_conv", "quant_conv"),
+        *conv_rules("post_quant_conv", "post_quant_conv"),
     ]
 
 
@@ -91,32 +83,10 @@ def load(
     mesh: Mesh | None = None,
     strategy=None,
 ) -> HunyuanVideoVAE:
-    """Builds a `HunyuanVideoVAE` straight from a diffusers-layout safetensors checkpoint.
-
-    Args:
-      path: a safetensors file, index, or directory (e.g. a diffusers `vae/` folder).
-      config: a `HunyuanVideoVAEConfig` or a `PRESETS` name.
-      mesh / strategy: optional placement of every parameter (see `vidax.checkpoint`).
-
-    Raises:
-      CheckpointError: naming every missing, unexpected or mis-shaped key.
-    """
-    if isinstance(config, str):
-        try:
-            config = PRESETS[config]
-        except KeyError:
-            raise ValueError(
-                f"unknown HunyuanVideoVAE preset {config!r}; choose from {sorted(PRESETS)}"
-            ) from None
-    return load_model(
-        lambda: HunyuanVideoVAE(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
-    )
+    """Builds a `HunyuanVideoVAE` from a diffusers-layout checkpoint (args: `vae_convert.load_vae`)."""
+    return load_vae(HunyuanVideoVAE, PRESETS, key_map, path, config, mesh=mesh, strategy=strategy)
 
 
 def save(vae: HunyuanVideoVAE, path: str | os.PathLike, **kwargs) -> None:
     """Writes `vae` as a diffusers-layout safetensors file (kwargs: see `save_model`)."""
-    save_model(vae, path, key_map(vae.config), **kwargs)
+    save_vae(vae, key_map, path, **kwargs)

@@ -19,13 +19,20 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from vidax.models.hunyuan_vae.config import HunyuanVideoVAEConfig, Tiling
-from vidax.models.wan_vae.model import _blend, _constant, _conv_init, _last_axis
+from vidax.models.video_vae import (
+    CONV3D_AXES,
+    VIDEO_AXES,
+    check_latents,
+    check_video,
+    constant,
+    conv_init,
+    cross_fade,
+    last_axis,
+)
 from vidax.nn.attention import CHUNKED_ABOVE, attention
 from vidax.nn.layers import Linear, param
 from vidax.sharding import shard
 
-_CONV3D_AXES = ("kernel", "kernel", "kernel", "conv_in", "conv_out")
-_VIDEO_AXES = ("batch", "frames", "height", "width", "channels")
 _EPS = 1e-6  # every GroupNorm of the model
 
 
@@ -53,9 +60,9 @@ class CausalConv3d(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.kernel = param(
-            _conv_init(rngs.params(), (kernel,) * 3 + (in_dim, out_dim), param_dtype), _CONV3D_AXES
+            conv_init(rngs.params(), (kernel,) * 3 + (in_dim, out_dim), param_dtype), CONV3D_AXES
         )
-        self.bias = param(_constant(0.0, (out_dim,), param_dtype), ("conv_out",))
+        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.size = kernel
         self.stride = stride
         self.dtype = dtype
@@ -76,7 +83,7 @@ class CausalConv3d(nnx.Module):
                 padding="VALID",
                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
             )
-        return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
+        return y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
 
     def __call__(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h2 w2 c2"]:
         """The convolution of a whole clip."""
@@ -109,8 +116,8 @@ class GroupNorm(nnx.Module):
     over all frames and pixels, in float32."""
 
     def __init__(self, dim: int, groups: int, *, param_dtype: jnp.dtype = jnp.float32):
-        self.scale = param(_constant(1.0, (dim,), param_dtype), ("norm",))
-        self.bias = param(_constant(0.0, (dim,), param_dtype), ("norm",))
+        self.scale = param(constant(1.0, (dim,), param_dtype), ("norm",))
+        self.bias = param(constant(0.0, (dim,), param_dtype), ("norm",))
         self.groups = groups
 
     def __call__(self, x: Float[Array, "b ... c"]) -> Float[Array, "b ... c"]:
@@ -120,8 +127,8 @@ class GroupNorm(nnx.Module):
         mean = jnp.mean(g, axis=axes, keepdims=True)
         var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
         y = ((g - mean) * jax.lax.rsqrt(var + _EPS)).reshape(x.shape)
-        scale = _last_axis(self.scale[...].astype(jnp.float32), x.ndim)
-        bias = _last_axis(self.bias[...].astype(jnp.float32), x.ndim)
+        scale = last_axis(self.scale[...].astype(jnp.float32), x.ndim)
+        bias = last_axis(self.bias[...].astype(jnp.float32), x.ndim)
         return (y * scale + bias).astype(x.dtype)
 
 
@@ -174,10 +181,10 @@ class AttentionBlock(nnx.Module):
     def __init__(self, dim: int, groups: int, *, dtype, param_dtype, rngs):
         kw = dict(axes=("conv_in", "conv_out"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.group_norm = GroupNorm(dim, groups, param_dtype=param_dtype)
-        self.to_q = Linear(dim, dim, kernel_init=_conv_init, **kw)
-        self.to_k = Linear(dim, dim, kernel_init=_conv_init, **kw)
-        self.to_v = Linear(dim, dim, kernel_init=_conv_init, **kw)
-        self.to_out = Linear(dim, dim, kernel_init=_conv_init, **kw)
+        self.to_q = Linear(dim, dim, kernel_init=conv_init, **kw)
+        self.to_k = Linear(dim, dim, kernel_init=conv_init, **kw)
+        self.to_v = Linear(dim, dim, kernel_init=conv_init, **kw)
+        self.to_out = Linear(dim, dim, kernel_init=conv_init, **kw)
 
     def __call__(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t h w c"]:
         b, t, h, w, c = x.shape
@@ -379,9 +386,9 @@ def tiled_2d(
         for col in range(len(cols)):
             t = tiles[r * len(cols) + col]
             if r:
-                t = _blend(grid[-1][col], t, blend, axis=2)
+                t = cross_fade(grid[-1][col], t, blend, axis=2)
             if col:
-                t = _blend(row[-1], t, blend, axis=3)
+                t = cross_fade(row[-1], t, blend, axis=3)
             row.append(t)
         grid.append(row)
     out = jnp.concatenate(
@@ -412,7 +419,7 @@ def tiled_frames(
     pieces, prev = [], None
     for n, y in enumerate(map_windows(fn, x, windows, axes=(1,))):
         if n:
-            y = _blend(prev, y[:, 1:], blend, axis=1)
+            y = cross_fade(prev, y[:, 1:], blend, axis=1)
         pieces.append(y[:, : keep + (n == 0)])
         prev = y
     return jnp.concatenate(pieces, axis=1)[:, :total]
@@ -442,28 +449,15 @@ class HunyuanVideoVAE(nnx.Module):
 
     def _check_video(self, x) -> None:
         cfg = self.config
-        if x.ndim != 5:
-            raise ValueError(f"video must be (b, t, h, w, c), got shape {x.shape}")
-        _, t, h, w, c = x.shape
-        if c != cfg.in_channels:
-            raise ValueError(f"video has {c} channels, expected {cfg.in_channels} (channels-last)")
-        if t % cfg.temporal_factor != 1:
-            raise ValueError(f"video must have 1 + {cfg.temporal_factor}k frames, got {t}")
-        s = cfg.spatial_factor
-        if h % s or w % s or h < s or w < s:
-            raise ValueError(
-                f"video height and width must be positive multiples of {s}, got {h}x{w}"
-            )
+        check_video(
+            x,
+            channels=cfg.in_channels,
+            temporal_factor=cfg.temporal_factor,
+            spatial_factor=cfg.spatial_factor,
+        )
 
     def _check_latents(self, z) -> None:
-        if z.ndim != 5:
-            raise ValueError(f"latents must be (b, t, h, w, c), got shape {z.shape}")
-        if z.shape[-1] != self.config.z_dim:
-            raise ValueError(
-                f"latents have {z.shape[-1]} channels, expected z_dim={self.config.z_dim}"
-            )
-        if min(z.shape[1:4]) < 1:
-            raise ValueError(f"latents have an empty axis: {z.shape}")
+        check_latents(z, z_dim=self.config.z_dim)
 
     def _tiling(self, tiling: Tiling | None) -> Tiling:
         tiling = self.config.tiling if tiling is None else tiling
@@ -497,7 +491,7 @@ class HunyuanVideoVAE(nnx.Module):
                 return whole(v)
             return tiled_2d(whole, v, tile=tiling.size, stride=tiling.stride, scale=1 / s)
 
-        x = shard(x.astype(jnp.dtype(cfg.dtype)), _VIDEO_AXES)
+        x = shard(x.astype(jnp.dtype(cfg.dtype)), VIDEO_AXES)
         frames = x.shape[1]
         if tiling.frames is not None and frames > tiling.frames:
             h = tiled_frames(
@@ -538,7 +532,7 @@ class HunyuanVideoVAE(nnx.Module):
                 return whole(v)
             return tiled_2d(whole, v, tile=tiling.size // s, stride=tiling.stride // s, scale=s)
 
-        z = shard(z.astype(jnp.dtype(cfg.dtype)), _VIDEO_AXES)
+        z = shard(z.astype(jnp.dtype(cfg.dtype)), VIDEO_AXES)
         t = z.shape[1]
         if tiling.frames is not None and t > tiling.frames // tf:
             return tiled_frames(

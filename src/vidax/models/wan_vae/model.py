@@ -15,50 +15,32 @@ temporal downsample keeps its frame and only starts striding from the next chunk
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
+from vidax.models.video_vae import (
+    CONV3D_AXES,
+    VIDEO_AXES,
+    Cache,
+    ChannelRMSNorm,
+    check_latents,
+    check_video,
+    constant,
+    conv_init,
+    cross_fade,
+    last_axis,
+    run_chunked,
+)
 from vidax.models.wan_vae.config import ENCODE_CHUNK, WanVAEConfig
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
 from vidax.sharding import shard
 
-Cache = Any  # a pytree of arrays mirroring the module tree; None before the first chunk
-
-_CONV3D_AXES = ("kernel", "kernel", "kernel", "conv_in", "conv_out")
 _CONV2D_AXES = ("kernel", "kernel", "conv_in", "conv_out")
-_VIDEO_AXES = ("batch", "frames", "height", "width", "channels")
-
-
-def _conv_init(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
-    """torch's default conv init U(+-1/sqrt(fan_in)), kernel layout (..., in, out).
-
-    A concrete key seeds numpy: eager `jax.random` compiles one XLA program per parameter shape,
-    which made building even the tiny preset take ~20 s on a CPU. Under tracing (`eval_shape`
-    for checkpoint loading, or a user's `jit`) it falls back to jax.random.
-    """
-    bound = 1 / math.sqrt(math.prod(shape[:-1]))
-    if isinstance(key, jax.core.Tracer):
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-    seed = np.asarray(jax.random.key_data(key)).ravel()
-    return jnp.asarray(np.random.default_rng(seed).uniform(-bound, bound, shape), dtype)
-
-
-def _constant(value: float, shape: tuple[int, ...], dtype) -> jax.Array:
-    """A filled array made on the host (an eager jnp.full compiles per shape)."""
-    return jnp.asarray(np.full(shape, value, np.float32), dtype)
-
-
-def _last_axis(v: Float[Array, " c"], ndim: int) -> Float[Array, "... c"]:
-    """A per-channel vector shaped to broadcast against a rank-`ndim` channels-last array."""
-    return v.reshape((1,) * (ndim - 1) + (-1,))
 
 
 class CausalConv3d(nnx.Module):
@@ -81,9 +63,9 @@ class CausalConv3d(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.kernel = param(
-            _conv_init(rngs.params(), (*kernel, in_dim, out_dim), param_dtype), _CONV3D_AXES
+            conv_init(rngs.params(), (*kernel, in_dim, out_dim), param_dtype), CONV3D_AXES
         )
-        self.bias = param(_constant(0.0, (out_dim,), param_dtype), ("conv_out",))
+        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.history = kernel[0] - 1
         self.padding = ((0, 0), ((kernel[1] - 1) // 2,) * 2, ((kernel[2] - 1) // 2,) * 2)
         self.stride_t = stride_t
@@ -103,7 +85,7 @@ class CausalConv3d(nnx.Module):
                 padding=self.padding,
                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
             )
-        return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
+        return y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
 
     def __call__(
         self, x: Float[Array, "b t h w c"], cache: Float[Array, "b m h w c"] | None = None
@@ -142,9 +124,9 @@ class Conv2d(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.kernel = param(
-            _conv_init(rngs.params(), (kernel, kernel, in_dim, out_dim), param_dtype), _CONV2D_AXES
+            conv_init(rngs.params(), (kernel, kernel, in_dim, out_dim), param_dtype), _CONV2D_AXES
         )
-        self.bias = param(_constant(0.0, (out_dim,), param_dtype), ("conv_out",))
+        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.stride = stride
         self.padding = padding
         self.dtype = dtype
@@ -164,21 +146,7 @@ class Conv2d(nnx.Module):
                 dimension_numbers=("NHWC", "HWIO", "NHWC"),
             )
             y = y.reshape(*lead, *y.shape[1:])
-        return y + _last_axis(self.bias[...].astype(self.dtype), y.ndim)
-
-
-class ChannelRMSNorm(nnx.Module):
-    """x / ||x|| * sqrt(c) * gamma over channels (torch `F.normalize`, eps 1e-12), in float32."""
-
-    def __init__(self, dim: int, *, param_dtype: jnp.dtype = jnp.float32):
-        self.gamma = param(_constant(1.0, (dim,), param_dtype), ("norm",))
-
-    def __call__(self, x: Float[Array, "... c"]) -> Float[Array, "... c"]:
-        xf = x.astype(jnp.float32)
-        sq = jnp.sum(jnp.square(xf), axis=-1, keepdims=True)
-        scale = jax.lax.rsqrt(jnp.maximum(sq, 1e-24)) * math.sqrt(x.shape[-1])
-        gamma = _last_axis(self.gamma[...].astype(jnp.float32), x.ndim)
-        return (xf * scale * gamma).astype(x.dtype)
+        return y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
 
 
 class ResidualBlock(nnx.Module):
@@ -411,43 +379,8 @@ class Decoder(nnx.Module):
         return x, (c_in, c_mid, tuple(new_ups), c_out)
 
 
-def _run_chunked(
-    fn: Callable[[Array, Cache], tuple[Array, Cache]], x: Float[Array, "b t h w c"], step: int
-) -> Array:
-    """fn over frame 0 alone, then over `step`-frame chunks in a scan carrying the cache."""
-    y0, cache = fn(x[:, :1], None)
-    rest = x[:, 1:]
-    n = rest.shape[1] // step
-    if n == 0:
-        return y0
-    chunks = rest.reshape(rest.shape[0], n, step, *rest.shape[2:]).swapaxes(0, 1)
-
-    def body(cache, chunk):
-        y, cache = fn(chunk, cache)
-        return cache, y
-
-    _, ys = jax.lax.scan(body, cache, chunks)
-    ys = ys.swapaxes(0, 1)
-    ys = ys.reshape(ys.shape[0], ys.shape[1] * ys.shape[2], *ys.shape[3:])
-    return jnp.concatenate([y0, ys.astype(y0.dtype)], axis=1)
-
-
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
-def _blend(a: Array, b: Array, extent: int, axis: int) -> Array:
-    """b with its first `extent` rows along `axis` cross-faded from the last rows of a."""
-    extent = min(a.shape[axis], b.shape[axis], extent)
-    if extent <= 0:
-        return b
-    ramp = (jnp.arange(extent, dtype=jnp.float32) / extent).astype(b.dtype)
-    ramp = ramp.reshape((1,) * axis + (extent,) + (1,) * (b.ndim - axis - 1))
-    tail = jax.lax.slice_in_dim(a, a.shape[axis] - extent, a.shape[axis], axis=axis)
-    head = jax.lax.slice_in_dim(b, 0, extent, axis=axis)
-    rest = jax.lax.slice_in_dim(b, extent, b.shape[axis], axis=axis)
-    mixed = tail * (1 - ramp) + head * ramp
-    return jnp.concatenate([mixed, rest], axis=axis)
 
 
 def _tiled(
@@ -471,9 +404,9 @@ def _tiled(
         for j in range(0, x.shape[3], stride_in[1]):
             tile = fn(x[:, :, i : i + tile_in[0], j : j + tile_in[1]])
             if rows:
-                tile = _blend(rows[-1][len(row)], tile, tile_out[0] - stride_out[0], axis=2)
+                tile = cross_fade(rows[-1][len(row)], tile, tile_out[0] - stride_out[0], axis=2)
             if row:
-                tile = _blend(row[-1], tile, tile_out[1] - stride_out[1], axis=3)
+                tile = cross_fade(row[-1], tile, tile_out[1] - stride_out[1], axis=3)
             row.append(tile)
         rows.append(row)
     out = jnp.concatenate(
@@ -508,26 +441,15 @@ class WanVAE(nnx.Module):
 
     def _check_video(self, x) -> None:
         cfg = self.config
-        if x.ndim != 5:
-            raise ValueError(f"video must be (b, t, h, w, c), got shape {x.shape}")
-        _, t, h, w, c = x.shape
-        if c != cfg.in_channels:
-            raise ValueError(f"video has {c} channels, expected {cfg.in_channels} (channels-last)")
-        if t % ENCODE_CHUNK != 1:
-            raise ValueError(f"video must have 1 + {ENCODE_CHUNK}k frames, got {t}")
-        s = cfg.spatial_factor
-        if h % s or w % s:
-            raise ValueError(f"video height and width must be divisible by {s}, got {h}x{w}")
+        check_video(
+            x,
+            channels=cfg.in_channels,
+            temporal_factor=ENCODE_CHUNK,
+            spatial_factor=cfg.spatial_factor,
+        )
 
     def _check_latents(self, z) -> None:
-        if z.ndim != 5:
-            raise ValueError(f"latents must be (b, t, h, w, c), got shape {z.shape}")
-        if z.shape[-1] != self.config.z_dim:
-            raise ValueError(
-                f"latents have {z.shape[-1]} channels, expected z_dim={self.config.z_dim}"
-            )
-        if z.shape[1] < 1:
-            raise ValueError("latents have no frames")
+        check_latents(z, z_dim=self.config.z_dim)
 
     def _stats(self) -> tuple[Array, Array]:
         cfg = self.config
@@ -537,12 +459,12 @@ class WanVAE(nnx.Module):
 
     def normalize(self, z: Float[Array, "b t h w c"]) -> Float[Array, "b t h w c"]:
         """Raw latents -> (z - latents_mean) / latents_std (what the diffusion model sees)."""
-        mean, std = (_last_axis(v, z.ndim) for v in self._stats())
+        mean, std = (last_axis(v, z.ndim) for v in self._stats())
         return ((z.astype(jnp.float32) - mean) / std).astype(z.dtype)
 
     def denormalize(self, z: Float[Array, "b t h w c"]) -> Float[Array, "b t h w c"]:
         """Normalised latents -> raw latents z * latents_std + latents_mean."""
-        mean, std = (_last_axis(v, z.ndim) for v in self._stats())
+        mean, std = (last_axis(v, z.ndim) for v in self._stats())
         return (z.astype(jnp.float32) * std + mean).astype(z.dtype)
 
     # ---------------------------------------------------------------- traceable pieces
@@ -567,8 +489,8 @@ class WanVAE(nnx.Module):
                 f"frames_per_step={frames_per_step} must be a multiple of {ENCODE_CHUNK} "
                 f"dividing {x.shape[1] - 1}"
             )
-        x = shard(x.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
-        h = _run_chunked(self.encoder, x, frames_per_step)
+        x = shard(x.astype(jnp.dtype(self.config.dtype)), VIDEO_AXES)
+        h = run_chunked(self.encoder, x, frames_per_step)
         h, _ = self.quant_conv(h)
         mu, logvar = jnp.split(h, 2, axis=-1)
         return mu, jnp.clip(logvar, -30.0, 20.0)
@@ -591,9 +513,9 @@ class WanVAE(nnx.Module):
             raise ValueError(
                 f"latents_per_step={latents_per_step} must be positive and divide {z.shape[1] - 1}"
             )
-        z = shard(z.astype(jnp.dtype(self.config.dtype)), _VIDEO_AXES)
+        z = shard(z.astype(jnp.dtype(self.config.dtype)), VIDEO_AXES)
         x, _ = self.post_quant_conv(z)
-        return _run_chunked(self.decoder, x, latents_per_step)
+        return run_chunked(self.decoder, x, latents_per_step)
 
     # ---------------------------------------------------------------- user API
 
