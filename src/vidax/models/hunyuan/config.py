@@ -40,8 +40,52 @@ def check_dit_config(config, positive: tuple[str, ...]) -> None:
             )
 
 
+class HunyuanDiTConfigBase:
+    """Derived sizes shared by the HunyuanVideo 1 and 1.5 configs (dataclasses with the fields
+    num_heads, head_dim, mlp_ratio, refiner_mlp_ratio, in/out_channels, patch_size, dtypes)."""
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+    @property
+    def refiner_mlp_dim(self) -> int:
+        return int(self.dim * self.refiner_mlp_ratio)
+
+    @property
+    def latent_channels(self) -> int:
+        """Channels of the latent being denoised (the input may add condition channels)."""
+        return self.out_channels
+
+    @property
+    def patch_features(self) -> int:
+        pt, ph, pw = self.patch_size
+        return pt * ph * pw * self.in_channels
+
+    @property
+    def out_features(self) -> int:
+        pt, ph, pw = self.patch_size
+        return pt * ph * pw * self.out_channels
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def storage_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
+        pt, ph, pw = self.patch_size
+        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class HunyuanVideoConfig:
+class HunyuanVideoConfig(HunyuanDiTConfigBase):
     """Architecture and numerics of a HunyuanVideo (1.0) transformer.
 
     Attributes:
@@ -106,45 +150,6 @@ class HunyuanVideoConfig:
                 "freq_dim",
             ),
         )
-
-    @property
-    def dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(self.dim * self.mlp_ratio)
-
-    @property
-    def refiner_mlp_dim(self) -> int:
-        return int(self.dim * self.refiner_mlp_ratio)
-
-    @property
-    def latent_channels(self) -> int:
-        """Channels of the latent being denoised (the prediction's channels)."""
-        return self.out_channels
-
-    @property
-    def patch_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.in_channels
-
-    @property
-    def out_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.out_channels
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
-
-    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
-        pt, ph, pw = self.patch_size
-        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
 
 
 PRESETS: dict[str, HunyuanVideoConfig] = {

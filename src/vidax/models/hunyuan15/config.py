@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
-from vidax.models.hunyuan.config import check_dit_config
+from vidax.models.hunyuan.config import HunyuanDiTConfigBase, check_dit_config
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class HunyuanVideo15Config:
+class HunyuanVideo15Config(HunyuanDiTConfigBase):
     """Architecture and numerics of a HunyuanVideo-1.5 transformer (dual-stream blocks only).
 
     Attributes:
@@ -82,45 +80,6 @@ class HunyuanVideo15Config:
                 "freq_dim",
             ),
         )
-
-    @property
-    def dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(self.dim * self.mlp_ratio)
-
-    @property
-    def refiner_mlp_dim(self) -> int:
-        return int(self.dim * self.refiner_mlp_ratio)
-
-    @property
-    def latent_channels(self) -> int:
-        """Channels of the latent being denoised (the input adds condition channels)."""
-        return self.out_channels
-
-    @property
-    def patch_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.in_channels
-
-    @property
-    def out_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.out_channels
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
-
-    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
-        pt, ph, pw = self.patch_size
-        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
 
 
 PRESETS: dict[str, HunyuanVideo15Config] = {
