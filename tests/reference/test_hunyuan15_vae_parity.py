@@ -14,6 +14,12 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from tests.reference._torch import assert_close  # noqa: E402
+from tests.reference._vae import (  # noqa: E402
+    ref_decode,
+    ref_encode,
+    saved_pair,
+)
 from vidax.models.hunyuan15_vae import (  # noqa: E402
     NO_TILING,
     PRESETS,
@@ -38,48 +44,12 @@ TINY_DIFFUSERS = {
 }
 
 
-def _assert_close(got, want, what, rel=RTOL):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    err, scale = np.abs(got - want).max(), np.abs(want).max()
-    assert err <= rel * scale, f"{what}: max abs err {err:.3g} > {rel} x {scale:.3g}"
-
-
-def _reference(config: dict, seed: int = 0):
-    """A diffusers model whose every parameter (norm gammas included) is randomised."""
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLHunyuanVideo15(**config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("hunyuan15_vae_tiny")
-    ref = _reference(TINY_DIFFUSERS)
-    ref.save_pretrained(path)
-    return ref, load(path, from_diffusers_config(dict(ref.config)))
-
-
-def _to_torch(x):
-    """(b, t, h, w, c) -> torch (b, c, t, h, w)."""
-    return torch.from_numpy(np.asarray(x, np.float32)).permute(0, 4, 1, 2, 3)
-
-
-def _from_torch(x):
-    return x.detach().float().permute(0, 2, 3, 4, 1).numpy()
-
-
-def _ref_encode(ref, x):
-    with torch.no_grad():
-        return _from_torch(ref.encode(_to_torch(x)).latent_dist.mode())
-
-
-def _ref_decode(ref, z):
-    with torch.no_grad():
-        return _from_torch(ref.decode(_to_torch(z)).sample)
+    return saved_pair(
+        diffusers.AutoencoderKLHunyuanVideo15, TINY_DIFFUSERS, path, load, from_diffusers_config
+    )
 
 
 def _video(shape):
@@ -110,18 +80,18 @@ def test_config_round_trips_through_diffusers(tiny):
 def test_streamed_encode_matches_whole_clip_diffusers(tiny):
     ref, vae = tiny
     x = _video((1, 9, 32, 48, 3))  # frame 0, then two 4-frame chunks through the caches
-    mu = _ref_encode(ref, x)
+    mu = ref_encode(ref, x)
     # `encode` returns the posterior mode scaled as the pipelines scale it.
-    _assert_close(vae.encode(jnp.asarray(x), tiling=NO_TILING), mu * 0.7, "encode")
+    assert_close(vae.encode(jnp.asarray(x), tiling=NO_TILING), mu * 0.7, RTOL, "encode")
 
 
 def test_streamed_decode_matches_whole_clip_diffusers(tiny):
     ref, vae = tiny
     z = _latents((1, 3, 2, 3, 4))  # latent frame 0, then two scan steps
-    want = _ref_decode(ref, z / 0.7)
+    want = ref_decode(ref, z / 0.7)
     assert np.abs(want).max() > 1  # the clamp below is exercised
     got = vae.decode(jnp.asarray(z), tiling=NO_TILING)
-    _assert_close(got, np.clip(want, -1, 1), "decode")
+    assert_close(got, np.clip(want, -1, 1), RTOL, "decode")
 
 
 @pytest.mark.slow
@@ -138,9 +108,9 @@ def test_spatial_tiles_match_diffusers(tiny):
     )
     try:
         z = _latents((1, 3, 3, 4, 4))
-        _assert_close(_decode_raw(vae, jnp.asarray(z), tiling), _ref_decode(ref, z), "decode")
+        assert_close(_decode_raw(vae, jnp.asarray(z), tiling), ref_decode(ref, z), RTOL, "decode")
         x = _video((1, 5, 48, 64, 3))
-        _assert_close(_mu(vae, jnp.asarray(x), tiling), _ref_encode(ref, x), "encode")
+        assert_close(_mu(vae, jnp.asarray(x), tiling), ref_encode(ref, x), RTOL, "encode")
     finally:
         ref.disable_tiling()
 

@@ -11,6 +11,12 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from tests.reference._torch import assert_close  # noqa: E402
+from tests.reference._vae import (  # noqa: E402
+    ref_decode,
+    ref_encode,
+    saved_pair,
+)
 from vidax.models.hunyuan_vae import (  # noqa: E402
     NO_TILING,
     PRESETS,
@@ -46,48 +52,12 @@ SMALL_TILES = {
 }
 
 
-def _assert_close(got, want, what, rel=RTOL):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    err, scale = np.abs(got - want).max(), np.abs(want).max()
-    assert err <= rel * scale, f"{what}: max abs err {err:.3g} > {rel} x {scale:.3g}"
-
-
-def _reference(config: dict, seed: int = 0):
-    """A diffusers model whose every parameter (norm affines included) is randomised."""
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLHunyuanVideo(**config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("hunyuan_vae_tiny")
-    ref = _reference(TINY_DIFFUSERS)
-    ref.save_pretrained(path)
-    return ref, load(path, from_diffusers_config(dict(ref.config)))
-
-
-def _to_torch(x):
-    """(b, t, h, w, c) -> torch (b, c, t, h, w)."""
-    return torch.from_numpy(np.asarray(x, np.float32)).permute(0, 4, 1, 2, 3)
-
-
-def _from_torch(x):
-    return x.detach().float().permute(0, 2, 3, 4, 1).numpy()
-
-
-def _ref_encode(ref, x):
-    with torch.no_grad():
-        return _from_torch(ref.encode(_to_torch(x)).latent_dist.mode())
-
-
-def _ref_decode(ref, z):
-    with torch.no_grad():
-        return _from_torch(ref.decode(_to_torch(z)).sample)
+    return saved_pair(
+        diffusers.AutoencoderKLHunyuanVideo, TINY_DIFFUSERS, path, load, from_diffusers_config
+    )
 
 
 @nnx.jit(static_argnames="tiling")
@@ -120,14 +90,14 @@ def test_whole_clip_encode_and_decode_match_diffusers(tiny):
     ref.use_framewise_encoding = ref.use_framewise_decoding = False
     try:
         x = _video((2, 9, 16, 24, 3))
-        mu = _ref_encode(ref, x)
+        mu = ref_encode(ref, x)
         # `encode` returns the posterior mode scaled as the pipelines scale it.
-        _assert_close(vae.encode(jnp.asarray(x), tiling=NO_TILING), mu * 0.7, "encode")
+        assert_close(vae.encode(jnp.asarray(x), tiling=NO_TILING), mu * 0.7, RTOL, "encode")
         z = _latents((2, 3, 2, 3, 4))
-        want = _ref_decode(ref, z / 0.7)
+        want = ref_decode(ref, z / 0.7)
         assert np.abs(want).max() > 1  # the clamp below is exercised
         got = vae.decode(jnp.asarray(z), tiling=NO_TILING)
-        _assert_close(got, np.clip(want, -1, 1), "decode")
+        assert_close(got, np.clip(want, -1, 1), RTOL, "decode")
     finally:
         ref.use_framewise_encoding = ref.use_framewise_decoding = True
 
@@ -136,9 +106,9 @@ def test_default_framewise_decode_matches_diffusers(tiny):
     """diffusers decodes > 4 latent frames in 5-frame tiles every 3, blended over 4 frames."""
     ref, vae = tiny
     z = _latents((1, 7, 2, 2, 4))  # tiles at latents 0 and 3 (5 frames), 6 (1 frame: dropped)
-    want = _ref_decode(ref, z)
+    want = ref_decode(ref, z)
     got = _decode_raw(vae, jnp.asarray(z), Tiling(size=None))
-    _assert_close(got, want, "framewise decode")
+    assert_close(got, want, RTOL, "framewise decode")
     # Tiling changed the result, so the comparison saw the tiled path.
     untiled = _ref_decode_untiled(ref, z)
     assert np.abs(untiled - want).max() > 1e-3
@@ -147,7 +117,7 @@ def test_default_framewise_decode_matches_diffusers(tiny):
 def _ref_decode_untiled(ref, z):
     ref.use_framewise_decoding = False
     try:
-        return _ref_decode(ref, z)
+        return ref_decode(ref, z)
     finally:
         ref.use_framewise_decoding = True
 
@@ -157,7 +127,7 @@ def test_framewise_encode_matches_diffusers(tiny):
     ref, vae = tiny
     x = _video((1, 25, 8, 8, 3))  # 17-frame tiles at frames 0 and 12; 24 is a lone frame
     got = _mu(vae, jnp.asarray(x), Tiling(size=None))
-    _assert_close(got, _ref_encode(ref, x), "framewise encode")
+    assert_close(got, ref_encode(ref, x), RTOL, "framewise encode")
 
 
 @pytest.mark.slow
@@ -168,10 +138,10 @@ def test_small_tiles_match_diffusers(tiny):
     ref.enable_tiling(**SMALL_TILES)
     try:
         z = _latents((1, 5, 3, 3, 4))
-        _assert_close(_decode_raw(vae, jnp.asarray(z), tiling), _ref_decode(ref, z), "decode")
+        assert_close(_decode_raw(vae, jnp.asarray(z), tiling), ref_decode(ref, z), RTOL, "decode")
         x = _video((1, 17, 24, 24, 3))
         got = _mu(vae, jnp.asarray(x), tiling)
-        _assert_close(got, _ref_encode(ref, x), "encode")
+        assert_close(got, ref_encode(ref, x), RTOL, "encode")
     finally:
         ref.disable_tiling()
 

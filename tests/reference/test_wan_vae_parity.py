@@ -10,6 +10,12 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from tests.reference._torch import assert_close  # noqa: E402
+from tests.reference._vae import (  # noqa: E402
+    from_torch,
+    saved_pair,
+    to_torch,
+)
 from vidax.models.wan_vae import (  # noqa: E402
     PRESETS,
     WanVAE,
@@ -47,27 +53,8 @@ VARIANT_DIFFUSERS = {
 }
 
 
-def _assert_close(got, want, what, rel=RTOL):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    err, scale = np.abs(got - want).max(), np.abs(want).max()
-    assert err <= rel * scale, f"{what}: max abs err {err:.3g} > {rel} x {scale:.3g}"
-
-
-def _reference(config: dict, seed: int = 0):
-    """A diffusers model whose every parameter (norm gammas included) is randomised."""
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLWan(**config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 def _pair(config: dict, path):
-    ref = _reference(config)
-    ref.save_pretrained(path)
-    return ref, load(path, from_diffusers_config(dict(ref.config)))
+    return saved_pair(diffusers.AutoencoderKLWan, config, path, load, from_diffusers_config)
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +67,6 @@ def variant(tmp_path_factory):
     return _pair(VARIANT_DIFFUSERS, tmp_path_factory.mktemp("wan_vae_variant"))
 
 
-def _to_torch(x):
-    """(b, t, h, w, c) -> torch (b, c, t, h, w)."""
-    return torch.from_numpy(np.asarray(x, np.float32)).permute(0, 4, 1, 2, 3)
-
-
-def _from_torch(x):
-    return x.detach().float().permute(0, 2, 3, 4, 1).numpy()
-
-
 def _stats(vae):
     cfg = vae.config
     mean = np.asarray(cfg.latents_mean or (0.0,) * cfg.z_dim, np.float32)
@@ -99,21 +77,21 @@ def _stats(vae):
 def _check_encode(ref, vae, shape, **tiles):
     x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     with torch.no_grad():
-        mu = _from_torch(ref.encode(_to_torch(x)).latent_dist.mode())
+        mu = from_torch(ref.encode(to_torch(x)).latent_dist.mode())
     mean, std = _stats(vae)
     got = vae.encode(jnp.asarray(x), **tiles)
-    _assert_close(got, (mu - mean) / std, "encode")
+    assert_close(got, (mu - mean) / std, RTOL, "encode")
 
 
 def _check_decode(ref, vae, shape, **tiles):
     z = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     mean, std = _stats(vae)
     with torch.no_grad():
-        want = _from_torch(ref.decode(_to_torch(z * std + mean)).sample)
+        want = from_torch(ref.decode(to_torch(z * std + mean)).sample)
     # Mostly unclamped, so the comparison sees the decoder, not the clamp.
     assert np.mean(np.abs(want) < 1) > 0.5
     got = vae.decode(jnp.asarray(z), **tiles)
-    _assert_close(got, want, "decode")
+    assert_close(got, want, RTOL, "decode")
     return z, got
 
 
@@ -184,7 +162,7 @@ def test_tiled_decode_is_exact_away_from_seams():
     z = jnp.asarray(np.random.default_rng(2).standard_normal((1, 2, 24, 24, 3)), jnp.float32)
     untiled = vae.decode(z)
     tiled = vae.decode(z, tile_size=64, tile_stride=48)
-    _assert_close(tiled[:, :, :8, :8], untiled[:, :, :8, :8], "top-left corner", rel=1e-5)
+    assert_close(tiled[:, :, :8, :8], untiled[:, :, :8, :8], 1e-5, "top-left corner")
     err = jnp.abs(tiled - untiled)
     assert float(err.mean()) < 0.2 * float(jnp.abs(untiled).mean())
 
@@ -208,9 +186,9 @@ def test_encoder_attention_matches_diffusers(tmp_path):
     assert sum(k.startswith("encoder.down_blocks.1.to_qkv") for k in ref.state_dict()) == 2
     x = np.random.default_rng(0).uniform(-1, 1, (1, 5, 8, 8, 3)).astype(np.float32)
     with torch.no_grad():
-        h = ref.quant_conv(ref.encoder(_to_torch(x)))
+        h = ref.quant_conv(ref.encoder(to_torch(x)))
     mu, _ = vae.moments(jnp.asarray(x))
-    _assert_close(mu, _from_torch(h)[..., : config["z_dim"]], "encoder with attention")
+    assert_close(mu, from_torch(h)[..., : config["z_dim"]], RTOL, "encoder with attention")
 
 
 def test_saved_checkpoint_is_the_diffusers_state_dict(tiny, tmp_path):
