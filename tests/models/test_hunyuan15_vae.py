@@ -5,6 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.models._vae_cases import (
+    assert_decoder_traced_once_per_chunk,
+    flat_params,
+    latents,
+    video,
+)
 
 import vidax.pipeline
 from vidax.checkpoint import CheckpointError, export_state, save_file, save_model
@@ -29,23 +35,6 @@ TINY = PRESETS["hunyuanvideo15-tiny"]
 @pytest.fixture(scope="module")
 def vae():
     return HunyuanVideo15VAE(TINY, rngs=nnx.Rngs(0))
-
-
-def _video(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).uniform(-1, 1, shape), jnp.float32)
-
-
-def _latents(shape, seed=1):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _flat_params(module):
-    return {
-        ".".join(str(getattr(k, "key", k)) for k in path): v
-        for path, v in jax.tree_util.tree_flatten_with_path(
-            nnx.state(module, nnx.Param), is_leaf=lambda v: isinstance(v, nnx.Variable)
-        )[0]
-    }
 
 
 # ---------------------------------------------------------------- config
@@ -110,7 +99,7 @@ def test_released_preset_size_axes_and_key_map_coverage():
     abstract = nnx.eval_shape(
         lambda: HunyuanVideo15VAE(PRESETS["hunyuanvideo15"], rngs=nnx.Rngs(0))
     )
-    flat = _flat_params(abstract)
+    flat = flat_params(abstract)
     # diffusers' AutoencoderKLHunyuanVideo15() has 1,260,634,115 parameters.
     assert sum(int(np.prod(v.get_value().shape)) for v in flat.values()) == 1_260_634_115
     rules = key_map(PRESETS["hunyuanvideo15"])
@@ -153,7 +142,7 @@ LATENTS = (2, 3, 2, 2, 16)
 
 
 def test_decode_streams_causally(vae):
-    z = _latents(LATENTS)
+    z = latents(LATENTS)
     per_frame = vae.decode(z)  # latent frame 0, then one latent frame per scan step
     assert per_frame.shape == VIDEO and float(jnp.abs(per_frame).max()) <= 1.0
     assert float(jnp.mean(jnp.abs(per_frame) < 1)) > 0.5  # mostly unclamped, so comparable
@@ -164,13 +153,13 @@ def test_decode_streams_causally(vae):
 
 @pytest.mark.slow
 def test_step_sizes_do_not_change_results(vae):
-    z = _latents(LATENTS)
+    z = latents(LATENTS)
     np.testing.assert_allclose(vae.decode(z, latents_per_step=2), vae.decode(z), atol=1e-5)
 
 
 @pytest.mark.slow
 def test_encode_streams_causally(vae):
-    x = _video(VIDEO)
+    x = video(VIDEO)
     chunked = vae.encode(x)  # frame 0, then 4-frame chunks
     assert chunked.shape == LATENTS
     scale = float(jnp.abs(chunked).max())
@@ -180,21 +169,7 @@ def test_encode_streams_causally(vae):
 
 def test_scan_traces_one_chunk_body_for_any_length(vae, monkeypatch):
     """The streamed decoder part is traced twice (frame 0 and the scan step) for any length."""
-    calls = []
-    original = hv15_model.Decoder.stream
-
-    def counting(self, x, cache):
-        calls.append(x.shape[1])
-        return original(self, x, cache)
-
-    monkeypatch.setattr(hv15_model.Decoder, "stream", counting)
-    graphdef, state = nnx.split(vae)
-    for t in (3, 9):
-        calls.clear()
-        jax.make_jaxpr(lambda s, z: nnx.merge(graphdef, s).decode_raw(z))(
-            state, jnp.zeros((1, t, 1, 1, 16))
-        )
-        assert calls == [1, 1], (t, calls)
+    assert_decoder_traced_once_per_chunk(vae, monkeypatch, hv15_model.Decoder, "stream", (1, 1, 16))
 
 
 @pytest.mark.slow
@@ -246,7 +221,7 @@ def test_bad_latents_steps_and_tiles_raise(vae):
 def test_save_load_round_trip_and_corrupt_checkpoints(vae, tmp_path):
     save(vae, tmp_path / "vae.safetensors")
     loaded = load(tmp_path / "vae.safetensors", "hunyuanvideo15-tiny")
-    want, got = _flat_params(vae), _flat_params(loaded)
+    want, got = flat_params(vae), flat_params(loaded)
     assert sorted(want) == sorted(got)
     for key in want:
         np.testing.assert_array_equal(want[key].get_value(), got[key].get_value(), err_msg=key)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.models._vae_cases import flat_params, latents, video
 
 import vidax.pipeline
 from vidax.checkpoint import CheckpointError, export_state, save_file, save_model
@@ -31,23 +32,6 @@ TINY = PRESETS["hunyuanvideo-tiny"]
 @pytest.fixture(scope="module")
 def vae():
     return HunyuanVideoVAE(TINY, rngs=nnx.Rngs(0))
-
-
-def _video(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).uniform(-1, 1, shape), jnp.float32)
-
-
-def _latents(shape, seed=1):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _flat_params(module):
-    return {
-        ".".join(str(getattr(k, "key", k)) for k in path): v
-        for path, v in jax.tree_util.tree_flatten_with_path(
-            nnx.state(module, nnx.Param), is_leaf=lambda v: isinstance(v, nnx.Variable)
-        )[0]
-    }
 
 
 # ---------------------------------------------------------------- config
@@ -129,7 +113,7 @@ def test_from_diffusers_config():
 
 def test_released_preset_size_axes_and_key_map_coverage():
     abstract = nnx.eval_shape(lambda: HunyuanVideoVAE(PRESETS["hunyuanvideo"], rngs=nnx.Rngs(0)))
-    flat = _flat_params(abstract)
+    flat = flat_params(abstract)
     # diffusers' AutoencoderKLHunyuanVideo() has 246,478,803 parameters.
     assert sum(int(np.prod(v.get_value().shape)) for v in flat.values()) == 246_478_803
     rules = key_map(PRESETS["hunyuanvideo"])
@@ -171,14 +155,14 @@ def test_tiled_frames_reassembles_a_local_map_exactly(t):
     The settings are `Tiling(frames=8, frames_stride=4)`'s: 3-latent windows every latent
     (the last of one frame skipped), 9-frame windows every 4 frames.
     """
-    z = _latents((1, t, 2, 3, 2))
+    z = latents((1, t, 2, 3, 2))
     tiled = jax.jit(
         lambda z: hv_model.tiled_frames(
             _frames_up, z, tile=3, stride=1, keep=4, blend=4, total=1 + 4 * (t - 1)
         )
     )(z)
     np.testing.assert_allclose(tiled, _frames_up(z), atol=1e-6)
-    x = _latents((1, 1 + 4 * (t - 1), 2, 3, 2))
+    x = latents((1, 1 + 4 * (t - 1), 2, 3, 2))
     tiled = jax.jit(
         lambda x: hv_model.tiled_frames(_frames_down, x, tile=9, stride=4, keep=1, blend=1, total=t)
     )(x)
@@ -186,7 +170,7 @@ def test_tiled_frames_reassembles_a_local_map_exactly(t):
 
 
 def test_tiled_2d_reassembles_a_local_map_and_traces_once_per_tile_shape():
-    x = _latents((1, 2, 7, 9, 3))
+    x = latents((1, 2, 7, 9, 3))
     calls = []
 
     def upsample(v):
@@ -210,7 +194,7 @@ LATENTS = (2, 3, 2, 3, 16)
 
 def test_encode_decode_shapes_and_range(vae):
     # Values, scaling and batching are checked against diffusers in tests/reference.
-    x = _video(VIDEO)
+    x = video(VIDEO)
     z = vae.encode(x)
     assert z.shape == LATENTS and z.dtype == jnp.float32
     y = vae.decode(z)
@@ -221,7 +205,7 @@ def test_encode_decode_shapes_and_range(vae):
 
 @pytest.mark.slow
 def test_decode_accepts_one_latent_frame(vae):
-    x = vae.decode(_latents((1, 1, 2, 2, 16)))
+    x = vae.decode(latents((1, 1, 2, 2, 16)))
     assert x.shape == (1, 1, 16, 16, 3)
 
 
@@ -274,7 +258,7 @@ def test_temporal_tiling_bounds_decode_memory(vae):
 @pytest.mark.slow
 def test_bfloat16_decode_tracks_float32(vae):
     bf16 = HunyuanVideoVAE(dataclasses.replace(TINY, dtype="bfloat16"), rngs=nnx.Rngs(0))
-    z = _latents((1, 2, 2, 2, 16))
+    z = latents((1, 2, 2, 2, 16))
     got, want = bf16.decode_raw(z), vae.decode_raw(z)
     assert got.dtype == jnp.bfloat16
     err = float(jnp.abs(got.astype(jnp.float32) - want).max())
@@ -287,7 +271,7 @@ def test_bfloat16_decode_tracks_float32(vae):
 def test_save_load_round_trip(vae, tmp_path):
     save(vae, tmp_path / "vae.safetensors")
     loaded = load(tmp_path / "vae.safetensors", "hunyuanvideo-tiny")
-    want, got = _flat_params(vae), _flat_params(loaded)
+    want, got = flat_params(vae), flat_params(loaded)
     assert sorted(want) == sorted(got)
     for key in want:
         np.testing.assert_array_equal(want[key].get_value(), got[key].get_value(), err_msg=key)

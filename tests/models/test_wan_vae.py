@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.models._vae_cases import assert_decoder_traced_once_per_chunk, latents, video
 
 from vidax.checkpoint import CheckpointError, export_state, save_file
 from vidax.models.wan_vae import (
@@ -27,14 +28,6 @@ TINY = PRESETS["tiny"]
 @pytest.fixture(scope="module")
 def vae():
     return WanVAE(TINY, rngs=nnx.Rngs(0))
-
-
-def _video(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).uniform(-1, 1, shape), jnp.float32)
-
-
-def _latents(shape, seed=1):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 # ---------------------------------------------------------------- config
@@ -127,7 +120,7 @@ LATENTS = (2, 3, 2, 3, 4)
 
 
 def test_encode_decode_shapes_and_range(vae):
-    z = vae.encode(_video(VIDEO))
+    z = vae.encode(video(VIDEO))
     assert z.shape == LATENTS and z.dtype == jnp.float32
     x = vae.decode(z)
     assert x.shape == VIDEO
@@ -136,7 +129,7 @@ def test_encode_decode_shapes_and_range(vae):
 
 
 def test_decode_chunked_equals_one_step_and_is_causal(vae):
-    z = _latents(LATENTS)
+    z = latents(LATENTS)
     per_frame = vae.decode(z)  # one latent frame per scan step, as diffusers
     one_step = vae.decode(z, latents_per_step=2)  # frame 0, then both remaining latents at once
     assert float(jnp.mean(jnp.abs(per_frame) < 1)) > 0.5  # mostly unclamped, so comparable
@@ -148,7 +141,7 @@ def test_decode_chunked_equals_one_step_and_is_causal(vae):
 
 
 def test_encode_chunked_equals_one_step_and_is_causal(vae):
-    x = _video(VIDEO)
+    x = video(VIDEO)
     chunked = vae.encode(x)  # frame 0, then 4-frame chunks, as diffusers
     one_step = vae.encode(x, frames_per_step=8)  # frame 0, then all 8 frames at once
     scale = float(jnp.abs(chunked).max())
@@ -161,7 +154,7 @@ def test_encode_chunked_equals_one_step_and_is_causal(vae):
 
 
 def test_normalisation_round_trip(vae):
-    z = _latents((1, 2, 2, 2, 4))
+    z = latents((1, 2, 2, 2, 4))
     np.testing.assert_allclose(vae.normalize(vae.denormalize(z)), z, atol=1e-6)
     raw = vae.denormalize(jnp.zeros((1, 1, 1, 1, 4)))
     np.testing.assert_allclose(raw.reshape(-1), TINY.latents_mean, atol=1e-7)
@@ -169,21 +162,9 @@ def test_normalisation_round_trip(vae):
 
 def test_scan_traces_one_chunk_body_for_any_length(vae, monkeypatch):
     """The decoder body is traced twice (frame 0 and the scan step) whatever the length."""
-    calls = []
-    original = wan_vae_model.Decoder.__call__
-
-    def counting(self, x, cache):
-        calls.append(x.shape[1])
-        return original(self, x, cache)
-
-    monkeypatch.setattr(wan_vae_model.Decoder, "__call__", counting)
-    graphdef, state = nnx.split(vae)
-    for t in (3, 9):
-        calls.clear()
-        jax.make_jaxpr(lambda s, z: nnx.merge(graphdef, s).decode_raw(z))(
-            state, jnp.zeros((1, t, 2, 2, 4))
-        )
-        assert calls == [1, 1], (t, calls)
+    assert_decoder_traced_once_per_chunk(
+        vae, monkeypatch, wan_vae_model.Decoder, "__call__", (2, 2, 4)
+    )
 
 
 @pytest.mark.slow
@@ -205,7 +186,7 @@ def test_decode_memory_is_flat_in_frames(vae):
 @pytest.mark.slow
 def test_bfloat16_decode_tracks_float32(vae):
     bf16 = WanVAE(dataclasses.replace(TINY, dtype="bfloat16"), rngs=nnx.Rngs(0))
-    z = _latents((1, 2, 2, 2, 4))
+    z = latents((1, 2, 2, 2, 4))
     got, want = bf16.decode(z), vae.decode(z)
     assert got.dtype == jnp.bfloat16
     err = float(jnp.abs(got.astype(jnp.float32) - want).max())
@@ -217,7 +198,7 @@ def test_reconstruction_loss_has_finite_gradients():
     vae = WanVAE(
         dataclasses.replace(TINY, dim_mult=(1, 2), temperal_downsample=(True,)), rngs=nnx.Rngs(0)
     )
-    x = _video((1, 5, 8, 8, 3))
+    x = video((1, 5, 8, 8, 3))
 
     @nnx.jit
     def grads(vae, x):
@@ -237,7 +218,7 @@ def test_reconstruction_loss_has_finite_gradients():
 
 def test_tiling_blends_to_the_untiled_result_for_a_local_map():
     """With a pointwise map every tile is exact, so cross-fading must reproduce the whole."""
-    x = _latents((1, 2, 7, 9, 3))
+    x = latents((1, 2, 7, 9, 3))
 
     def upsample(t):
         return jnp.repeat(jnp.repeat(t * 2.0, 4, axis=2), 4, axis=3)
