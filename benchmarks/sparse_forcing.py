@@ -36,6 +36,7 @@ from vidax.data import EVAL_PROMPTS
 from vidax.forcing import ChunkStepper, generate_latents
 from vidax.forcing.presets import get, load_causal
 from vidax.metrics import motion_fidelity, subject_consistency, temporal_flicker
+from vidax.models.registry import get_vae
 from vidax.pipeline import embed_prompts, geometry, load_vae
 
 LENGTHS = (("short", 1), ("4x", 4), ("12x", 12))
@@ -111,6 +112,7 @@ def main() -> None:
     p.add_argument(
         "--skip-timing", action="store_true", help="metrics only (no decode / latency timing)"
     )
+    p.add_argument("--vae", default=None, help="VAE weights file (default: the shipped ones)")
     p.add_argument("--lengths", default="short,4x,12x", help="rollout lengths to run")
     p.add_argument("--sizes", default="trained,large", help="timing sizes (large: --speed-latent)")
     args = p.parse_args()
@@ -124,7 +126,11 @@ def main() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         models = {a: load_causal(preset, a) for a in ("dense", "sparse")}
-        vae = load_vae(spec, None)
+        if args.vae is not None:
+            vae_spec = get_vae(spec.vae)
+            vae = vae_spec.loader(args.vae, vae_spec.config)
+        else:
+            vae = load_vae(spec, None)
     for warning in caught:
         print(f"warning: {warning.message}")
     layouts = {a: models[a].layout(preset.forcing(a), (h, w)) for a in models}
