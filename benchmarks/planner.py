@@ -18,7 +18,7 @@ reordering already repairs jax's order), the ratio (c)/(a) by XLA's own TPU cost
 and it counts a scanned layer once, so it compares compute only), the number of candidates
 compiled against the exhaustive count, and the planner's wall time.
 
-    python benchmarks/planner.py                       # all 20 cases (about an hour here)
+    python benchmarks/planner.py                       # all 20 cases (25-50 min on 2 shared cores)
     python benchmarks/planner.py --models wan2.1-1.3b --sizes 480p --topologies v5e:2x4
 """
 
