@@ -50,6 +50,7 @@ def _vae_run(tmp_path):
     """A random "shapes" VAE exported like `train_vae` does."""
     config = dataclasses.replace(wan_vae.PRESETS["shapes"], latents_mean=None, latents_std=None)
     vae = wan_vae.WanVAE(config, rngs=nnx.Rngs(0))
+    tmp_path.mkdir(parents=True, exist_ok=True)
     wan_vae.save(vae, tmp_path / "vae.safetensors")
     z = config.z_dim
     stats = {"mean": [0.1] * z, "std": [0.5] * z}
