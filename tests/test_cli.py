@@ -78,6 +78,8 @@ def test_subcommands_are_registered():
         (["--budget", "1.5"], "--budget must be in (0, 1]"),
         (["--plan", "/no/plan.json"], "plan.json"),
         (["--stream"], "--stream needs a causal model"),
+        (["--model", "tiny-causal", "--set", "local_topk=999"], "larger than the local window"),
+        (["--model", "tiny-causal", "--set", "dim=64"], "--set expects field=value"),
     ],
 )
 def test_acceleration_plan_and_stream_flags_validate(args, message, tmp_path):

@@ -47,6 +47,11 @@ def parse_overrides(config, overrides: list[str]):
     """Applies `k=v` overrides to a frozen config dataclass, coercing to the field's type."""
     if not overrides:
         return config
+    return dataclasses.replace(config, **override_changes(config, overrides))
+
+
+def override_changes(config, overrides: list[str]) -> dict:
+    """The typed field changes that `k=v` overrides ask of a config dataclass."""
     fields = {f.name: f for f in dataclasses.fields(config)}
     hints = typing.get_type_hints(type(config))
     changes = {}
@@ -68,7 +73,7 @@ def parse_overrides(config, overrides: list[str]):
                 raise ValueError(f"--set {key}: expected {kind.__name__}, got {raw!r}") from None
         else:
             raise ValueError(f"--set cannot override {key} ({kind})")
-    return dataclasses.replace(config, **changes)
+    return changes
 
 
 class _Progress:
@@ -129,7 +134,12 @@ def generate(
     sampler: Annotated[str | None, typer.Option(help="euler | unipc")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override transformer config: field=value.")
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override the transformer config (causal models: the cache/attention "
+            "config, e.g. window_frames=6): field=value.",
+        ),
     ] = None,
     accel: AccelOption = "none",
     budget: BudgetOption = DEFAULT_BUDGET,
@@ -150,7 +160,7 @@ def generate(
     from vidax.forcing.command import is_causal
 
     if is_causal(model) or stream:
-        _stream(model, prompt, out, frames, height, width, seed, stream, console)
+        _stream(model, prompt, out, frames, height, width, seed, stream, set_, console)
         return
     spec = models.get(model)
     if set_:
@@ -200,9 +210,10 @@ def generate(
     )
 
 
-def _stream(model, prompt, out, frames, height, width, seed, stream, console) -> None:
-    """`vidax generate` for causal (autoregressive) models."""
+def _stream(model, prompt, out, frames, height, width, seed, stream, set_, console) -> None:
+    """`vidax generate` for causal (autoregressive) models; `--set` edits the `ForcingConfig`."""
     from vidax.forcing.command import is_causal, stream_generate
+    from vidax.forcing.presets import get as get_causal
 
     if not is_causal(model):
         raise ValueError(f"--stream needs a causal model (e.g. tiny-causal), not {model!r}")
@@ -210,6 +221,7 @@ def _stream(model, prompt, out, frames, height, width, seed, stream, console) ->
         raise ValueError("give --prompt")
     if not stream:
         console.print(f"{model} is causal: streaming chunk by chunk")
+    overrides = override_changes(get_causal(model).forcing("sparse"), set_ or [])
     start = time.perf_counter()
     with _Progress(1, f"chunks ({model})") as bar:
 
@@ -224,6 +236,7 @@ def _stream(model, prompt, out, frames, height, width, seed, stream, console) ->
             height=height,
             width=width,
             seed=seed,
+            forcing_overrides=overrides or None,
             on_chunk=on_chunk,
         )
     console.print(
