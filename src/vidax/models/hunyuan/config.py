@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
+from vidax.models.dit_config import PatchedVideoDiT
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -40,7 +40,7 @@ def check_dit_config(config, positive: tuple[str, ...]) -> None:
             )
 
 
-class HunyuanDiTConfigBase:
+class HunyuanDiTConfigBase(PatchedVideoDiT):
     """Derived sizes shared by the HunyuanVideo 1 and 1.5 configs (dataclasses with the fields
     num_heads, head_dim, mlp_ratio, refiner_mlp_ratio, in/out_channels, patch_size, dtypes)."""
 
@@ -60,28 +60,6 @@ class HunyuanDiTConfigBase:
     def latent_channels(self) -> int:
         """Channels of the latent being denoised (the input may add condition channels)."""
         return self.out_channels
-
-    @property
-    def patch_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.in_channels
-
-    @property
-    def out_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.out_channels
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
-
-    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
-        pt, ph, pw = self.patch_size
-        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
+from vidax.models.dit_config import PatchedVideoDiT
 from vidax.nn.rope import wan_axes_dims
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WanConfig:
+class WanConfig(PatchedVideoDiT):
     """Architecture and numerics of a Wan 2.1 text-to-video transformer.
 
     Attributes:
@@ -88,23 +87,6 @@ class WanConfig:
     @property
     def rope_axes_dims(self) -> tuple[int, int, int]:
         return wan_axes_dims(self.head_dim)
-
-    @property
-    def patch_features(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw * self.in_channels
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
-
-    def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
-        pt, ph, pw = self.patch_size
-        return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
 
 
 PRESETS: dict[str, WanConfig] = {
