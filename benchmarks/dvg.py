@@ -33,21 +33,13 @@ from flax import nnx
 
 from vidax import dvg, metrics, pipeline, sampling
 from vidax.data import EVAL_PROMPTS
+from vidax.metrics.harness import TABLE_METRICS
 from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
 
 FIXED = ("spatial", "temporal", "joint")
 # Metrics where the full output is the reference: compared as "within 3% of full".
-SUITE = (
-    "caption_adherence",
-    "caption_motion_adherence",
-    "motion_fidelity",
-    "subject_consistency",
-    "motion_magnitude",
-    "temporal_flicker",
-    "flicker_score",
-    "trajectory_error",
-)
+SUITE = (*TABLE_METRICS, "trajectory_error")
 
 
 # -- FLOPs from compiled HLO ----------------------------------------------------------------------
