@@ -20,7 +20,16 @@ from vidax.train.vae import (
     train_vae,
 )
 
-SMALL = VAEStageConfig(vae="tiny", frames=5, crop=16, batch_size=2, steps=2, checkpoint_every=1)
+SMALL = VAEStageConfig(
+    vae="tiny",
+    frames=9,
+    short_frames=5,
+    short_fraction=0.5,
+    crop=16,
+    batch_size=2,
+    steps=2,
+    checkpoint_every=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +57,11 @@ def test_fast_forward_matches_the_model(vae):
 def test_crops_are_deterministic_and_resumable():
     a = CroppedClips(SMALL)
     first, second = next(a), next(a)
+    # Step 0 is in the short part of the curriculum: the first 5 frames of step 0's clips.
     assert first["video"].shape == (2, 5, 16, 16, 3)
+    assert second["video"].shape == (2, 9, 16, 16, 3)
+    full = next(CroppedClips(dataclasses.replace(SMALL, short_fraction=0.0)))["video"]
+    np.testing.assert_array_equal(first["video"], full[:, :5])
     b = CroppedClips(SMALL)
     b.set_state({"seed": 0, "step": 1})
     np.testing.assert_array_equal(next(b)["video"], second["video"])
@@ -73,7 +86,16 @@ def test_object_mask_separates_palette_from_background():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(vae="nope"), dict(frames=8), dict(crop=12), dict(kl_weight=-1.0), dict(object_crop=2.0)],
+    [
+        dict(vae="nope"),
+        dict(frames=8),
+        dict(short_frames=6),
+        dict(frames=9, short_frames=13),
+        dict(short_fraction=1.0),
+        dict(crop=12),
+        dict(kl_weight=-1.0),
+        dict(object_crop=2.0),
+    ],
 )
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):

@@ -234,6 +234,30 @@ def extent(shape: str, radius: float) -> tuple[float, float, float, float]:
     raise ValueError(f"shape {shape!r} not in {SHAPES}")
 
 
+def signed_distance(shape: str, dx: np.ndarray, dy: np.ndarray, radius: float) -> np.ndarray:
+    """Signed distance (negative inside) from offsets (dx, dy) to a shape at the origin.
+
+    Args:
+        shape: one of `SHAPES`, centred on its centroid (triangles apex up).
+        dx, dy: broadcastable offsets from the centroid (x right, y down), in any unit.
+        radius: radius of the equal-area circle, in the same unit.
+
+    Returns:
+        The distance, broadcast over dx and dy: exact for circles and inside squares and
+        triangles, slightly rounded outside their corners.
+    """
+    if shape == "circle":
+        return np.sqrt(dx * dx + dy * dy) - radius
+    if shape == "square":
+        return np.maximum(np.abs(dx), np.abs(dy)) - _SQUARE_HALF * radius
+    if shape == "triangle":
+        # Max over the three edges' half-plane distances.
+        s = math.sqrt(3) / 2
+        sdf = np.maximum(np.maximum(dy, s * dx - 0.5 * dy), -s * dx - 0.5 * dy)
+        return sdf - _TRIANGLE_INRADIUS * radius
+    raise ValueError(f"shape {shape!r} not in {SHAPES}")
+
+
 def _extent(obj: ObjectSpec, scale: float) -> tuple[float, float, float, float]:
     return extent(obj.shape, obj.size * scale)
 
@@ -354,17 +378,7 @@ def _coverage(
     cols = np.clip(np.floor(cx - wx / 2), 0, width - wx).astype(np.intp)[:, None] + np.arange(wx)
     dx = (cols + 0.5 - cx[:, None]).astype(np.float32)[:, None, :]
     dy = (rows + 0.5 - cy[:, None]).astype(np.float32)[:, :, None]
-    if obj.shape == "circle":
-        sdf = np.sqrt(dx * dx + dy * dy) - r
-    elif obj.shape == "square":
-        sdf = np.maximum(np.abs(dx), np.abs(dy)) - _SQUARE_HALF * r
-    else:
-        # Apex-up equilateral triangle centred on its centroid: max over the three edges'
-        # half-plane distances (exact inside, slightly rounded corners outside).
-        s = math.sqrt(3) / 2
-        sdf = np.maximum(np.maximum(dy, s * dx - 0.5 * dy), -s * dx - 0.5 * dy)
-        sdf = sdf - _TRIANGLE_INRADIUS * r
-    return np.clip(0.5 - sdf, 0.0, 1.0), rows, cols
+    return np.clip(0.5 - signed_distance(obj.shape, dx, dy, r), 0.0, 1.0), rows, cols
 
 
 def render(

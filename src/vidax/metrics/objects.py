@@ -2,9 +2,12 @@
 
 Pixels are labelled with their nearest palette colour when it is within `threshold` (RGB
 distance on the [0, 1] scale); everything else is background. Same-colour 4-connected pixels of
-one frame form a blob, classified as circle, square or triangle by how much of its bounding box
-it fills (pi/4, 1 and 1/2 for ideal shapes). A clip's objects have distinct colours, so a track
-is simply the largest blob of one colour in each frame.
+one frame form a blob, classified as the ideal shape it overlaps most: each of circle, square
+and triangle is drawn (anti-aliased, as `vidax.data.render` draws it) with the blob's area at
+the blob's centroid, and the shape covering most of the blob wins (highest IoU, since the
+areas are equal). That reads blurred outlines the way a person would: a square whose corners
+a decoder rounded is still closer to a square than to a circle. A clip's objects have distinct
+colours, so a track is simply the largest blob of one colour in each frame.
 
 All functions take videos (t, h, w, 3) in [-1, 1], the range `vidax.data.render` produces.
 """
@@ -15,14 +18,10 @@ import dataclasses
 
 import numpy as np
 
-from vidax.data.shapes import PALETTE, SHAPES
+from vidax.data.shapes import PALETTE, SHAPES, signed_distance
 
 COLOURS = tuple(PALETTE)
 _PALETTE = np.asarray([PALETTE[c] for c in COLOURS], np.float32)  # (k, 3) in [0, 1]
-# Bounding-box fill ratio: squares fill 1, circles pi/4 = 0.785, triangles 1/2. Then the share of
-# the bbox's four corner triangles that is filled: ~1 for squares, ~0 for circles.
-_TRIANGLE_FILL, _SQUARE_FILL, _SQUARE_CORNER = 0.64, 0.94, 0.5
-_CIRCLE, _SQUARE, _TRIANGLE = (SHAPES.index(s) for s in ("circle", "square", "triangle"))
 DEFAULT_THRESHOLD = 0.3
 
 
@@ -73,7 +72,7 @@ class Blobs:
         area: (n,) pixel count.
         centroid: (n, 2) mean pixel centre (x, y) in pixels (pixel (i, j) is at (j+.5, i+.5)).
         bbox: (n, 4) inclusive pixel box (x0, y0, x1, y1).
-        shape: (n,) index into `SHAPES` from the bounding-box fill ratio.
+        shape: (n,) index into `SHAPES`: the ideal shape that overlaps the blob most.
     """
 
     frame: np.ndarray
@@ -161,29 +160,42 @@ def find_blobs(
         ],
         axis=-1,
     ).reshape(-1, 4)
-    bw = bbox[:, 2] - bbox[:, 0] + 1
-    bh = bbox[:, 3] - bbox[:, 1] + 1
-    fill = counts / np.maximum(bw * bh, 1)
-    # Corner occupancy separates circles from squares better than the fill ratio alone at a few
-    # pixels of radius: a circle stays 0.586 r (L1) away from its bbox corners, so the corner
-    # triangles dx + dy < 0.2 r are empty where a square fills them (small squares can lose
-    # their corner pixels to anti-aliasing; their fill ratio still gives them away).
-    k = np.maximum(1, np.round(0.1 * np.minimum(bw, bh))).astype(np.int64)
-    blob = np.repeat(np.arange(len(counts)), counts)
-    dx = np.minimum(xs - bbox[blob, 0], bbox[blob, 2] - xs)
-    dy = np.minimum(ys - bbox[blob, 1], bbox[blob, 3] - ys)
-    in_corner = dx + dy < k[blob]
-    corner = np.bincount(blob, weights=in_corner, minlength=len(counts)) / (2 * k * (k + 1))
-    square = (corner >= _SQUARE_CORNER) | (fill >= _SQUARE_FILL)
-    shape = np.where(fill < _TRIANGLE_FILL, 2, np.where(square, 1, 0))
     return Blobs(
         frame=(uniq // (h * w))[keep],
         colour=labels.reshape(-1)[uniq][keep].astype(np.int64),
         area=counts[keep],
         centroid=np.stack([fx, fy], axis=-1).reshape(-1, 2)[keep],
         bbox=bbox[keep],
-        shape=shape[keep],
+        shape=_classify(xs, ys, counts, fx, fy)[keep],
     )
+
+
+def _classify(
+    xs: np.ndarray, ys: np.ndarray, counts: np.ndarray, fx: np.ndarray, fy: np.ndarray
+) -> np.ndarray:
+    """(n,) index into `SHAPES` of the ideal shape that covers most of each blob.
+
+    Args:
+        xs, ys: pixel coordinates of all blobs, blob after blob.
+        counts: (n,) pixels per blob; fx, fy: (n,) blob centroids in pixels.
+    """
+    if not len(counts):
+        return counts.astype(np.int64)
+    blob = np.repeat(np.arange(len(counts)), counts)
+    dx, dy = xs + 0.5 - fx[blob], ys + 0.5 - fy[blob]
+    radius = np.sqrt(counts / np.pi)[blob]
+    overlap = np.stack(
+        [
+            np.bincount(
+                blob,
+                weights=np.clip(0.5 - signed_distance(shape, dx, dy, radius), 0.0, 1.0),
+                minlength=len(counts),
+            )
+            for shape in SHAPES
+        ],
+        axis=-1,
+    )
+    return overlap.argmax(-1).astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,10 @@ def train_vae(
     seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     frames: Annotated[int | None, typer.Option(help="Training clip length (1 + 4k).")] = None,
+    short_frames: Annotated[
+        int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
+    ] = None,
+    short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
     crop: Annotated[int | None, typer.Option(help="Square crop in pixels (0: whole).")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
     data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
@@ -82,6 +86,8 @@ def train_vae(
         batch_size=batch_size,
         seed=seed,
         frames=frames,
+        short_frames=short_frames,
+        short_fraction=short_fraction,
         crop=crop,
         checkpoint_every=checkpoint_every,
     )
