@@ -231,7 +231,9 @@ def get_vae(name: str) -> VAESpec:
         presets = importlib.import_module(path).PRESETS
         for preset, config in presets.items():
             if preset in known:  # one namespace for all families: a clash would shadow silently
-                raise ValueError(f"VAE preset {preset!r} is defined by {known[preset][0]!r} and {family!r}")
+                raise ValueError(
+                    f"VAE preset {preset!r} is defined by {known[preset][0]!r} and {family!r}"
+                )
             known[preset] = (family, config)
     if name not in known:
         raise ValueError(f"unknown VAE {name!r}; known VAEs: {', '.join(sorted(known))}")
