@@ -99,3 +99,30 @@ def test_causal_presets():
     sparse = preset.sparse.layout((8, 8))
     # The shipped sparse budget keeps the peak KV cache within the 0.58x of dense.
     assert sparse.peak_tokens() / dense.peak_tokens() <= 0.58
+
+
+def test_tiny_causal_decodes_with_the_vae_it_was_trained_on():
+    # The base `tiny` model's VAE was retrained after tiny-causal; the causal preset pins the
+    # VAE whose latents its weights learned, shipped beside them.
+    import warnings
+
+    from safetensors.numpy import load_file
+
+    from vidax.forcing.presets import ASSETS
+    from vidax.models.registry import get as get_model
+    from vidax.pipeline import load_vae
+
+    preset = get("tiny-causal")
+    assert preset.spec.vae == "shapes-v1" and preset.spec.weights == "tiny-causal"
+    assert preset.spec.config == get_model("tiny").config  # the base transformer
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to random weights
+        vae = load_vae(preset.spec, None)
+    assert vae.config == VAE_PRESETS["shapes-v1"]
+    shipped = load_file(ASSETS / "tiny-causal" / "vae.safetensors")
+    kernel = shipped["encoder.conv_in.weight"]  # torch layout (out, in, t, h, w)
+    np.testing.assert_array_equal(
+        np.asarray(vae.encoder.conv_in.kernel[...]), kernel.transpose(2, 3, 4, 1, 0)
+    )
+    with pytest.raises(ValueError, match="no asset folder"):
+        CausalPreset(name="x", base="tiny", dense=DENSE, sparse=DENSE, vae="shapes")

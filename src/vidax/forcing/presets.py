@@ -2,7 +2,9 @@
 
 A causal preset is not a `vidax.models.registry.ModelSpec`: it reuses one (the transformer
 architecture, VAE and text encoder of `base`) and adds the two attention configurations it was
-trained for and the asset folder of its causal weights:
+trained for and the asset folder of its causal weights. When the base model's VAE has been
+retrained since, the preset pins the VAE its latents came from (`vae`, shipped beside the
+causal weights):
 
     preset = get("tiny-causal")
     model = load_causal(preset, "sparse")      # vidax/assets/tiny-causal/sparse.safetensors
@@ -32,6 +34,8 @@ class CausalPreset:
       dense: the Self-Forcing configuration (dense window with attention sink).
       sparse: the Sparse Forcing configuration (persistent memory + selected neighbourhood).
       weights: asset folder holding `dense.safetensors` and `sparse.safetensors`.
+      vae: VAE preset the causal weights were trained with, its weights in
+        `<weights>/vae.safetensors`; None: the base model's VAE and weights.
       num_frames: default pixel frames of a generated video.
     """
 
@@ -40,11 +44,21 @@ class CausalPreset:
     dense: ForcingConfig
     sparse: ForcingConfig
     weights: str | None = None
+    vae: str | None = None
     num_frames: int = 81
+
+    def __post_init__(self):
+        if self.vae is not None and self.weights is None:
+            raise ValueError(f"causal preset {self.name!r} pins a VAE but has no asset folder")
 
     @property
     def spec(self) -> ModelSpec:
-        return get_model(self.base)
+        """The base model's spec, with this preset's VAE (`vidax.pipeline.load_vae` then loads
+        `<weights>/vae.safetensors`)."""
+        base = get_model(self.base)
+        if self.vae is None:
+            return base
+        return dataclasses.replace(base, vae=self.vae, weights=self.weights)
 
     def forcing(self, attention: str) -> ForcingConfig:
         if attention not in ("dense", "sparse"):
@@ -80,6 +94,7 @@ PRESETS: dict[str, CausalPreset] = {
             query_tile=64,
         ),
         weights="tiny-causal",
+        vae="shapes-v1",
     ),
 }
 
@@ -112,4 +127,4 @@ def load_causal(preset: CausalPreset, attention: str, path=None) -> CausalWan:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return CausalWan.from_transformer(load_transformer(spec, None))
+        return CausalWan.from_transformer(load_transformer(get_model(preset.base), None))

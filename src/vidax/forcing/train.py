@@ -627,8 +627,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     preset = get_preset("tiny-causal")
-    spec = preset.spec
-    transformer = load_transformer(spec, args.transformer)
+    spec = preset.spec  # the base model with the preset's VAE
+    from vidax.models.registry import get as get_model
+
+    transformer = load_transformer(get_model(preset.base), args.transformer)
     if args.vae is not None:
         from vidax.models.registry import get_vae
 

@@ -214,3 +214,10 @@ PRESETS: dict[str, WanVAEConfig] = {
         latents_std=(2.9232, 2.8848, 3.8874, 2.7634, 2.5532, 1.9476, 4.8112, 2.5532),
     ),
 }
+# The first `shapes` VAE (trained on 9-frame clips only, 2026-12-02), whose latents the shipped
+# `tiny-causal` models were trained on (vidax/assets/tiny-causal/vae.safetensors).
+PRESETS["shapes-v1"] = dataclasses.replace(
+    PRESETS["shapes"],
+    latents_mean=(1.2686, -1.769, 0.6872, -0.488, 0.2484, -0.2557, -1.9036, -0.9786),
+    latents_std=(2.9232, 2.8848, 3.8874, 2.7634, 2.5532, 1.9476, 4.8112, 2.5532),
+)
