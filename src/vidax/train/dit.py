@@ -59,12 +59,12 @@ class DiTStageConfig:
     """
 
     model: str = "tiny"
-    steps: int = 800
+    steps: int = 3000
     batch_size: int = 8
     seed: int = 0
     frames: int = 33
     short_frames: int = 17
-    short_fraction: float = 0.4
+    short_fraction: float = 0.5
     cache_clips: int = 1024
     cfg_dropout: float = 0.1
     sigma: SigmaSampler = dataclasses.field(
