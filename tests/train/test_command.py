@@ -41,6 +41,7 @@ def test_commands_are_registered(app):
         (["train", "vae", "--data-parallel", "1024"], "devices"),
         (["train", "dit", "--vae-run", "/nonexistent"], "not found"),
         (["eval", "--limit", "0"], "--limit"),
+        (["eval", "--weights", "/nonexistent"], "not found"),
     ],
 )
 def test_bad_input_raises_a_clear_error(app, tmp_path, args, message):
@@ -52,6 +53,22 @@ def test_bad_input_raises_a_clear_error(app, tmp_path, args, message):
     assert out.exit_code != 0
     assert isinstance(out.exception, (ValueError, FileNotFoundError))
     assert message in str(out.exception)
+
+
+def test_eval_scores_weights_from_a_folder(app, tmp_path):
+    import shutil
+
+    from vidax.pipeline import ASSETS
+
+    weights = tmp_path / "weights"
+    shutil.copytree(ASSETS / "tiny", weights)
+    args = ["eval", "--weights", str(weights), "--limit", "1", "--seeds", "1", "--frames", "5"]
+    args += ["--steps", "2", "--no-references", "--out", str(tmp_path / "eval")]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert len(results["samples"]) == 1
+    assert "| caption_adherence |" in out.output
 
 
 def _log(run_dir):
@@ -77,6 +94,8 @@ def test_resume_after_sigkill_continues_the_loss_curve(tmp_path):
         "--vae",
         "tiny",
         "--frames",
+        "5",
+        "--short-frames",
         "5",
         "--crop",
         "16",

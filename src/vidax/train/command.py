@@ -235,15 +235,15 @@ def evaluate(
 
 
 def _load_weights(model: str, folder: Path):
-    from vidax.models import wan_vae
-    from vidax.models.registry import get
-    from vidax.pipeline import _vae_config
+    """(transformer, VAE) of `model` from `folder`'s transformer.safetensors and vae.safetensors."""
+    from vidax.models.registry import get, get_vae
 
     spec = get(model)
+    if spec.vae is None:
+        raise ValueError(f"model {model!r} has no VAE")
     transformer_path, vae_path = folder / "transformer.safetensors", folder / "vae.safetensors"
     for path in (transformer_path, vae_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} not found")
-    if spec.vae is None:
-        raise ValueError(f"model {model!r} has no VAE")
-    return spec.loader(transformer_path, spec.config), wan_vae.load(vae_path, _vae_config(spec.vae))
+    vae = get_vae(spec.vae)
+    return spec.loader(transformer_path, spec.config), vae.loader(vae_path, vae.config)

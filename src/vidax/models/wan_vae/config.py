@@ -210,8 +210,8 @@ PRESETS: dict[str, WanVAEConfig] = {
         dim_mult=(1, 2, 4),
         num_res_blocks=1,
         temperal_downsample=(True, True),
-        latents_mean=(1.2686, -1.769, 0.6872, -0.488, 0.2484, -0.2557, -1.9036, -0.9786),
-        latents_std=(2.9232, 2.8848, 3.8874, 2.7634, 2.5532, 1.9476, 4.8112, 2.5532),
+        latents_mean=(1.3311, -1.4097, 1.3888, -0.0058, 0.5029, -1.2145, -1.0271, 0.9443),
+        latents_std=(2.3954, 2.157, 3.0568, 1.9215, 1.9691, 1.601, 2.4137, 2.0697),
     ),
 }
 # The first `shapes` VAE (trained on 9-frame clips only, 2026-12-02), whose latents the shipped
