@@ -2,9 +2,9 @@
 
 The VAE learns on clips cropped around their objects (the objects are what the metrics
 read; the dim background is easy), short ones first and then clips as long as the ones it will
-encode (a causal VAE trained on 9-frame clips drifts after frame ~12 of a 33-frame one), with a squared error that weights object pixels up and a
-small KL term, from an initialisation that skips the long plateau of the model's default one
-(`build_vae`). The result is exported in
+encode (a causal VAE trained on 9-frame clips drifts after frame ~12 of a 33-frame one), with
+a squared error that weights object pixels up and a small KL term, from an initialisation that
+skips the long plateau of the model's default one (`build_vae`). The result is exported in
 the diffusers layout (`vidax.models.wan_vae.save`) together with the per-channel statistics
 of its latents, which the diffusion stage normalises with.
 
