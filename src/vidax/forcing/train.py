@@ -365,7 +365,7 @@ def make_train_step(loss_fn, optimizer, *, ema_decay: float, seed: int):
             updates, opt = optimizer.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         ema = ema_update(state["ema"], params, state["step"], ema_decay)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
         new = {**state, "params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}
         return new, metrics
 
