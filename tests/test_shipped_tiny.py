@@ -10,7 +10,7 @@ import pytest
 
 from vidax import pipeline
 from vidax.data import EVAL_PROMPTS, render
-from vidax.metrics import caption_adherence
+from vidax.metrics import caption_adherence, psnr
 from vidax.models import get
 
 
@@ -28,9 +28,9 @@ def test_vae_round_trip_keeps_the_objects_over_a_whole_clip(shipped):
     for prompt in EVAL_PROMPTS[::5]:
         frames, _ = render(prompt.spec, 33)
         rec = np.asarray(vae.decode(vae.encode(jnp.asarray(frames)[None]))[0])
-        psnr = 10 * np.log10(4.0 / np.mean((rec - frames) ** 2, axis=(1, 2, 3)))
-        early.append(psnr[:9].mean())
-        late.append(psnr[24:].mean())
+        drift = psnr(rec, frames, per_frame=True)
+        early.append(drift[:9].mean())
+        late.append(drift[24:].mean())
         adherence.append(caption_adherence(rec, prompt.caption))
     assert np.mean(early) > 25.0
     assert np.mean(late) > np.mean(early) - 2.0, (early, late)

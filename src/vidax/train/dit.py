@@ -31,7 +31,7 @@ from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, flow_matching_loss
-from vidax.train.loop import LoopConfig, init_state, make_step, run
+from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
 from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, cpu_friendly_convs, load_stats, moments
 
@@ -83,14 +83,7 @@ class DiTStageConfig:
                 f"model {self.model!r} must be a Wan preset with a VAE and the hashed text "
                 "encoder to train here"
             )
-        for name in ("frames", "short_frames"):
-            value = getattr(self, name)
-            if value < 1 or (value - 1) % 4:
-                raise ValueError(f"{name} must be 1 + 4k, got {value}")
-        if self.short_frames > self.frames:
-            raise ValueError(f"short_frames {self.short_frames} > frames {self.frames}")
-        if not 0.0 <= self.short_fraction < 1.0:
-            raise ValueError(f"short_fraction must be in [0, 1), got {self.short_fraction}")
+        check_curriculum(self.frames, self.short_frames, self.short_fraction)
         if not 0.0 <= self.cfg_dropout < 1.0:
             raise ValueError(f"cfg_dropout must be in [0, 1), got {self.cfg_dropout}")
         if self.steps < 1 or self.batch_size < 1 or self.cache_clips < self.batch_size:

@@ -36,6 +36,29 @@ LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 
 
+def check_curriculum(
+    frames: int, short_frames: int, short_fraction: float, *, min_frames: int = 1
+) -> None:
+    """Validates a short-then-long clip curriculum (both stages train one).
+
+    Args:
+        frames: clip length (1 + 4k) of the late steps.
+        short_frames: clip length (1 + 4k) of the first `short_fraction` of the steps.
+        short_fraction: share of short steps, in [0, 1).
+        min_frames: shortest allowed clip.
+
+    Raises:
+        ValueError: naming the bad field.
+    """
+    for name, value in (("frames", frames), ("short_frames", short_frames)):
+        if value < min_frames or (value - 1) % 4:
+            raise ValueError(f"{name} must be 1 + 4k and >= {min_frames}, got {value}")
+    if short_frames > frames:
+        raise ValueError(f"short_frames {short_frames} > frames {frames}")
+    if not 0.0 <= short_fraction < 1.0:
+        raise ValueError(f"short_fraction must be in [0, 1), got {short_fraction}")
+
+
 class Batches(Protocol):
     """A resumable batch iterator (e.g. `vidax.data.ClipLoader`)."""
 

@@ -31,7 +31,7 @@ from jaxtyping import Array, Float
 from vidax.data import ClipLoader, LoaderConfig, clip_at
 from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig
 from vidax.models.wan_vae import model as _vae_model
-from vidax.train.loop import LoopConfig, init_state, make_step, run
+from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
 
 STATS_FILE = "latent_stats.json"
@@ -86,14 +86,7 @@ class VAEStageConfig:
     def __post_init__(self):
         if self.vae not in PRESETS:
             raise ValueError(f"unknown VAE preset {self.vae!r}; known: {sorted(PRESETS)}")
-        for name in ("frames", "short_frames"):
-            value = getattr(self, name)
-            if value < 5 or (value - 1) % 4:
-                raise ValueError(f"{name} must be 1 + 4k with k >= 1, got {value}")
-        if self.short_frames > self.frames:
-            raise ValueError(f"short_frames {self.short_frames} > frames {self.frames}")
-        if not 0.0 <= self.short_fraction < 1.0:
-            raise ValueError(f"short_fraction must be in [0, 1), got {self.short_fraction}")
+        check_curriculum(self.frames, self.short_frames, self.short_fraction, min_frames=5)
         s = PRESETS[self.vae].spatial_factor
         if self.crop and (self.crop % s or not s <= self.crop <= 64):
             raise ValueError(f"crop must be 0 or a multiple of {s} in [{s}, 64], got {self.crop}")
