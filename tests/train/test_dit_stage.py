@@ -18,8 +18,10 @@ from vidax.train.dit import (
     DiTStageConfig,
     LatentBatches,
     build_cache,
+    build_model,
     dit_loss,
     forward,
+    latent_object_mask,
     self_attention,
     train_dit,
 )
@@ -73,6 +75,9 @@ def test_cache_batches_cover_every_clip_once_per_epoch(tmp_path):
     embedder = HashedTextEmbedder(dim=64, text_len=32)
     batches = LatentBatches(tmp_path / "cache", batch_size=3, seed=0, embedder=embedder)
     assert len(batches) == 6 and batches.latents.shape == (6, 2, 16, 16, 8)
+    # Every clip has 1-3 objects: some latents, but far from all, are marked.
+    assert batches.masks.shape == (6, 2, 16, 16, 1)
+    assert all(0 < m.mean() < 0.5 for m in batches.masks)
     seen = [c for _ in range(2) for c in next(batches)["caption"]]
     assert sorted(seen) == sorted(batches.captions)  # one epoch = every clip once
     third = next(batches)
@@ -89,6 +94,7 @@ def test_loss_drops_captions_at_the_dropout_rate():
     model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))
     batch = {
         "latents": jnp.zeros((64, 1, 4, 4, SMALL_MODEL.in_channels)),
+        "objects": jnp.zeros((64, 1, 4, 4, 1)),
         "context": jnp.ones((64, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
     }
     seen = {}
@@ -107,16 +113,92 @@ def test_loss_drops_captions_at_the_dropout_rate():
         stage.forward = real
     assert set(np.unique(seen["kept"])) <= {0.0, 1.0}
     assert 0.25 < 1 - seen["kept"].mean() < 0.75
-    assert np.isfinite(float(loss)) and set(metrics) == {"loss_high_noise", "loss_low_noise"}
+    assert np.isfinite(float(loss)) and set(metrics) == {
+        "loss_high_noise",
+        "loss_low_noise",
+        "loss_objects",
+    }
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(model="wan2.1-1.3b"), dict(frames=32), dict(short_frames=37), dict(cfg_dropout=1.0)],
+    [
+        dict(model="wan2.1-1.3b"),
+        dict(frames=32),
+        dict(short_frames=37),
+        dict(cfg_dropout=1.0),
+        dict(object_weight=-1.0),
+    ],
 )
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         DiTStageConfig(**kwargs)
+
+
+def test_config_rejects_missing_init_weights(tmp_path):
+    with pytest.raises(FileNotFoundError, match="init weights"):
+        DiTStageConfig(init=str(tmp_path / "missing.safetensors"))
+
+
+def test_latent_object_mask_follows_the_causal_vae_footprint():
+    video = -np.ones((1, 9, 8, 8, 3), np.float32)
+    video[0, 0, 0, 0] = 0.9  # frame 0 -> latent frame 0, block (0, 0)
+    video[0, 6, 7, 4, 1] = 0.9  # frames 5..8 -> latent frame 2, block (1, 1)
+    video[0, 3, 2, 2] = 0.1  # dim (background-bright) pixel: not an object
+    mask = latent_object_mask(video, temporal=4, spatial=4)
+    assert mask.shape == (1, 3, 2, 2, 1) and mask.dtype == np.uint8
+    expected = np.zeros((3, 2, 2), np.uint8)
+    expected[0, 0, 0] = expected[2, 1, 1] = 1
+    np.testing.assert_array_equal(mask[0, ..., 0], expected)
+    with pytest.raises(ValueError, match="does not fit"):
+        latent_object_mask(video[:, :8], temporal=4, spatial=4)
+
+
+def test_object_weight_raises_the_share_of_object_errors():
+    """Error only on object latents: the weighted loss grows with the weight, as computed."""
+    model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))
+    shape = (4, 1, 4, 4, SMALL_MODEL.in_channels)
+    objects = np.zeros((4, 1, 4, 4, 1), np.float32)
+    objects[:, :, :2, :2] = 1.0  # a quarter of the latents
+    batch = {
+        "latents": jnp.zeros(shape),
+        "objects": jnp.asarray(objects),
+        "context": jnp.zeros((4, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
+    }
+    import vidax.train.dit as stage
+
+    def exact_but_objects(m, x, t, context):
+        # x = sigma * noise with x0 = 0: the true velocity is x / sigma; miss it by 1 on objects.
+        sigma = (t / 1000.0)[:, None, None, None, None]
+        return x / sigma + jnp.asarray(objects)
+
+    real = stage.forward
+    stage.forward = exact_but_objects
+    try:
+        losses = {
+            w: dit_loss(model, batch, jax.random.key(0), DiTStageConfig(object_weight=w))
+            for w in (0.0, 4.0)
+        }
+    finally:
+        stage.forward = real
+    # Unweighted: error 1 on a quarter of the elements. Weighted x5: 5 / (5 + 3) of the mass.
+    np.testing.assert_allclose(float(losses[0.0][0]), 0.25, rtol=1e-4)
+    np.testing.assert_allclose(float(losses[4.0][0]), 5 / 8, rtol=1e-4)
+    np.testing.assert_allclose(float(losses[4.0][1]["loss_objects"]), 1.0, rtol=1e-4)
+
+
+def test_init_starts_from_given_weights(tmp_path):
+    from vidax.checkpoint import save_model
+    from vidax.models.wan import key_map
+
+    source = DiTStageConfig().spec.build(seed=7)
+    save_model(source, tmp_path / "init.safetensors", key_map(WAN["tiny"]))
+    model = build_model(DiTStageConfig(init=str(tmp_path / "init.safetensors")))
+    a = jax.tree.leaves(nnx.state(model, nnx.Param))
+    b = jax.tree.leaves(nnx.state(source, nnx.Param))
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
+    fresh = build_model(DiTStageConfig())
+    assert not np.any(np.asarray(fresh.proj_out.kernel[...]))  # adaLN-Zero start
 
 
 def test_short_run_exports_loadable_weights(tmp_path):
@@ -149,6 +231,7 @@ def test_data_parallel_dit_step_matches_single_device():
     rng = np.random.default_rng(0)
     batch = {
         "latents": rng.normal(size=(8, 2, 4, 4, SMALL_MODEL.in_channels)).astype(np.float32),
+        "objects": (rng.uniform(size=(8, 2, 4, 4, 1)) < 0.2).astype(np.float32),
         "context": rng.normal(size=(8, 8, SMALL_MODEL.text_dim)).astype(np.float32),
     }
     results = []

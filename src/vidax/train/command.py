@@ -115,6 +115,16 @@ def train_dit(
         int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
     ] = None,
     short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
+    object_weight: Annotated[
+        float | None, typer.Option(help="Extra loss weight of latents holding an object.")
+    ] = None,
+    sigma_shift: Annotated[
+        float | None, typer.Option(help="Shift of the training noise levels (default 3).")
+    ] = None,
+    warmup: Annotated[int | None, typer.Option(help="Learning-rate warm-up steps.")] = None,
+    init: Annotated[
+        Path | None, typer.Option(help="Start from these transformer weights (fine-tuning).")
+    ] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
     data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
 ) -> None:
@@ -134,10 +144,15 @@ def train_dit(
         frames=frames,
         short_frames=short_frames,
         short_fraction=short_fraction,
+        object_weight=object_weight,
+        init=None if init is None else str(init),
         checkpoint_every=checkpoint_every,
     )
-    if lr is not None:
-        config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=lr))
+    config = dataclasses.replace(
+        config,
+        optim=_replace(config.optim, lr=lr, warmup=warmup),
+        sigma=_replace(config.sigma, shift=sigma_shift),
+    )
     run_stage(run_dir, vae_run, config, mesh=_mesh(data_parallel))
     typer.echo(f"wrote {run_dir / TRANSFORMER_FILE}")
 

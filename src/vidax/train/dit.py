@@ -7,7 +7,13 @@ time so that classifier-free guidance works. The first part of the run trains on
 latent frames only (the VAE is causal, so they are exactly the latents of the clip's first
 frames): cheaper steps that learn colour, shape and direction before the long clips.
 
+The cache also keeps which latents see an object; `object_weight` raises their share of the
+loss (objects cover a few percent of the frame, background texture the rest), and `init`
+starts a fine-tuning run from exported weights.
+
     train_dit("runs/dit", "runs/vae", DiTStageConfig(steps=600))
+    train_dit("runs/dit-ft", "runs/vae", DiTStageConfig(init="runs/dit/transformer.safetensors",
+                                                        object_weight=4.0, short_fraction=0.0))
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from vidax.data import LoaderConfig, clip_at
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
 from vidax.text.hashed import HashedTextEmbedder
-from vidax.train.flow import SigmaSampler, flow_matching_loss
+from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
 from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
 from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, cpu_friendly_convs, load_stats, moments
@@ -53,7 +59,12 @@ class DiTStageConfig:
         short_fraction: share of steps on short clips (0 disables the curriculum).
         cache_clips: distinct training clips (seen about steps * batch / cache_clips times).
         cfg_dropout: probability of training a sample on the empty caption.
+        object_weight: extra loss weight of latents that hold an object (pixels of a palette
+            colour in their 4x4 footprint). Objects cover a few percent of the frame, so
+            without it the loss is mostly background texture.
         sigma: training noise-level distribution.
+        init: transformer weights (diffusers safetensors) to start from instead of the
+            adaLN-Zero initialisation: a fine-tuning run. Only read when the run starts.
         optim: optimiser settings (cosine decay over the steps after the warm-up).
         checkpoint_every, log_every: see `LoopConfig`.
     """
@@ -67,12 +78,14 @@ class DiTStageConfig:
     short_fraction: float = 0.5
     cache_clips: int = 1024
     cfg_dropout: float = 0.1
+    object_weight: float = 0.0
     sigma: SigmaSampler = dataclasses.field(
         default_factory=lambda: SigmaSampler(mean=0.0, std=1.0, shift=3.0)
     )
     optim: OptimConfig = dataclasses.field(
         default_factory=lambda: OptimConfig(lr=1e-3, warmup=50, weight_decay=0.01, ema_decay=0.99)
     )
+    init: str | None = None
     checkpoint_every: int = 100
     log_every: int = 25
 
@@ -86,6 +99,10 @@ class DiTStageConfig:
         check_curriculum(self.frames, self.short_frames, self.short_fraction)
         if not 0.0 <= self.cfg_dropout < 1.0:
             raise ValueError(f"cfg_dropout must be in [0, 1), got {self.cfg_dropout}")
+        if not self.object_weight >= 0.0:
+            raise ValueError(f"object_weight must be >= 0, got {self.object_weight}")
+        if self.init is not None and not Path(self.init).is_file():
+            raise FileNotFoundError(f"init weights not found: {self.init}")
         if self.steps < 1 or self.batch_size < 1 or self.cache_clips < self.batch_size:
             raise ValueError("need steps >= 1, batch_size >= 1 and cache_clips >= batch_size")
 
@@ -125,8 +142,8 @@ def build_cache(
 ) -> None:
     """Encodes clips [0, clips) of the `vidax.data` stream `seed` into `cache_dir`.
 
-    Each file `chunk_XXXX.npz` holds 64 clips' normalised latents (n, t, h, w, c) and
-    captions; files are written whole (temp file, rename), so a killed build resumes at the
+    Each file `chunk_XXXX.npz` holds 64 clips' normalised latents (n, t, h, w, c), their
+    object masks (n, t, h, w, 1) uint8 (`latent_object_mask`) and captions; files are written whole (temp file, rename), so a killed build resumes at the
     first missing chunk. A `manifest.json` pins what the cache holds.
 
     Raises:
@@ -134,7 +151,7 @@ def build_cache(
     """
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"clips": clips, "frames": frames, "seed": seed, "vae": vae_id}
+    manifest = {"clips": clips, "frames": frames, "seed": seed, "vae": vae_id, "masks": True}
     path = cache_dir / "manifest.json"
     if path.exists():
         found = json.loads(path.read_text())
@@ -152,17 +169,54 @@ def build_cache(
             if out.exists():
                 continue
             indices = range(chunk * _CHUNK, min(clips, (chunk + 1) * _CHUNK))
-            latents, captions = [], []
+            latents, masks, captions = [], [], []
             for start in range(indices.start, indices.stop, batch):
                 rows = [
                     clip_at(loader, seed, i) for i in range(start, min(indices.stop, start + batch))
                 ]
                 video = np.stack([frames_ for _, frames_ in rows])
                 latents.append(np.asarray(encode(vae, jnp.asarray(video)), np.float32))
+                masks.append(
+                    latent_object_mask(video, vae.config.temporal_factor, vae.config.spatial_factor)
+                )
                 captions += [_caption(spec) for spec, _ in rows]
             tmp = out.with_suffix(".tmp.npz")
-            np.savez(tmp, latents=np.concatenate(latents), captions=np.asarray(captions))
+            np.savez(
+                tmp,
+                latents=np.concatenate(latents),
+                masks=np.concatenate(masks),
+                captions=np.asarray(captions),
+            )
             os.replace(tmp, out)
+
+
+def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.ndarray:
+    """Which latents of a causal video VAE see an object pixel.
+
+    Latent frame 0 encodes frame 0 and latent frame j >= 1 frames (j - 1) * temporal + 1 ..
+    j * temporal; each latent pixel a spatial x spatial block. A latent is marked when any
+    pixel of its footprint is an object (`vidax.train.vae.object_mask`: palette colours are
+    bright, the background is not).
+
+    Args:
+        video: (n, 1 + temporal * k, H, W, 3) in [-1, 1].
+
+    Returns:
+        (n, 1 + k, H / spatial, W / spatial, 1) uint8 in {0, 1}.
+    """
+    n, frames, height, width, _ = video.shape
+    if (frames - 1) % temporal or height % spatial or width % spatial:
+        raise ValueError(
+            f"video of {frames} frames of {height}x{width} does not fit a VAE with temporal "
+            f"factor {temporal} and spatial factor {spatial}"
+        )
+    pixels = video.max(axis=-1) > 0.2  # the threshold of `vidax.train.vae.object_mask`
+    first, rest = pixels[:, :1], pixels[:, 1:]
+    rest = rest.reshape(n, (frames - 1) // temporal, temporal, height, width).any(axis=2)
+    grid = np.concatenate([first, rest], axis=1)
+    t = grid.shape[1]
+    grid = grid.reshape(n, t, height // spatial, spatial, width // spatial, spatial)
+    return grid.any(axis=(3, 5))[..., None].astype(np.uint8)
 
 
 def _caption(spec) -> str:
@@ -177,8 +231,9 @@ class LatentBatches:
     Batch `step` holds samples [step * b, (step + 1) * b) of an endless stream that visits the
     cache in a fresh permutation every epoch (permutation e from rng(seed, e)).
 
-    Each batch: "latents" (b, t, h, w, c) float32 (t cut to `frames_at(step)`), "context"
-    (b, text_len, text_dim) float32, "caption" list.
+    Each batch: "latents" (b, t, h, w, c) float32 (t cut to `frames_at(step)`), "objects"
+    (b, t, h, w, 1) float32 object mask, "context" (b, text_len, text_dim) float32,
+    "caption" list.
     """
 
     def __init__(
@@ -194,7 +249,10 @@ class LatentBatches:
         if not files:
             raise FileNotFoundError(f"no latent cache in {cache_dir}")
         data = [np.load(f) for f in files]
+        if "masks" not in data[0]:
+            raise ValueError(f"{cache_dir} is a latent cache without object masks: rebuild it")
         self.latents = np.concatenate([d["latents"] for d in data])
+        self.masks = np.concatenate([d["masks"] for d in data])
         self.captions = [str(c) for d in data for c in d["captions"]]
         self.context = embedder(self.captions)[0]
         self.batch_size, self.seed, self.step = batch_size, seed, 0
@@ -221,6 +279,7 @@ class LatentBatches:
         self.step += 1
         return {
             "latents": self.latents[rows, :t],
+            "objects": self.masks[rows, :t].astype(np.float32),
             "context": self.context[rows],
             "caption": [self.captions[r] for r in rows],
         }
@@ -268,7 +327,10 @@ def forward(
 def dit_loss(
     model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array, config: DiTStageConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Flow-matching loss with caption dropout; metrics split the loss at sigma = 0.5."""
+    """Flow-matching loss with caption dropout and object weighting.
+
+    Metrics split the loss at sigma = 0.5 and report the error on object latents alone.
+    """
     x0, context = batch["latents"], batch["context"]
     b = x0.shape[0]
     k_sigma, k_noise, k_drop = jax.random.split(key, 3)
@@ -276,26 +338,32 @@ def dit_loss(
     noise = jax.random.normal(k_noise, x0.shape, jnp.float32)
     keep = jax.random.uniform(k_drop, (b,)) >= config.cfg_dropout
     context = context * keep[:, None, None].astype(context.dtype)
-    loss, per_example = flow_matching_loss(
-        lambda x, t: forward(model, x, t, context), x0, noise, sigma
-    )
+    objects = batch["objects"]
+    err = velocity_error(lambda x, t: forward(model, x, t, context), x0, noise, sigma)
+    per_example = weighted_mean(err, 1.0 + config.object_weight * objects)
+    loss = jnp.mean(per_example)
     high = sigma >= 0.5
     n_high = jnp.maximum(high.sum(), 1).astype(jnp.float32)
     n_low = jnp.maximum((~high).sum(), 1).astype(jnp.float32)
     return loss, {
         "loss_high_noise": jnp.where(high, per_example, 0.0).sum() / n_high,
         "loss_low_noise": jnp.where(high, 0.0, per_example).sum() / n_low,
+        "loss_objects": jnp.mean(weighted_mean(err, objects)),
     }
 
 
 def build_model(config: DiTStageConfig) -> nnx.Module:
-    """A freshly initialised DiT with DiT's adaLN-Zero start.
+    """The DiT a run starts from: `config.init`'s weights, else DiT's adaLN-Zero start.
 
-    The timestep-to-modulation projection and the output projection start at zero, so every
-    block's gates are the small learned table values (blocks start near identity) and the
-    first prediction is 0 (loss = E|eps - x0|^2): the usual fast start of DiTs from scratch.
+    adaLN-Zero: the timestep-to-modulation projection and the output projection start at
+    zero, so every block's gates are the small learned table values (blocks start near
+    identity) and the first prediction is 0 (loss = E|eps - x0|^2): the usual fast start of
+    DiTs from scratch.
     """
-    model = config.spec.build(seed=config.seed)
+    spec = config.spec
+    if config.init is not None:
+        return spec.loader(config.init, spec.config)
+    model = spec.build(seed=config.seed)
     for layer in (model.time_proj, model.proj_out):
         layer.kernel[...] = jnp.zeros_like(layer.kernel[...])
     return model
@@ -361,7 +429,7 @@ def train_dit(
             log_every=config.log_every,
             seed=config.seed,
         ),
-        to_arrays=lambda b: {"latents": b["latents"], "context": b["context"]},
+        to_arrays=lambda b: {k: b[k] for k in ("latents", "objects", "context")},
         mesh=mesh,
         meta=meta,
         description="dit",

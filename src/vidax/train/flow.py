@@ -53,25 +53,54 @@ def noisy(
     return (1.0 - s) * x0 + s * noise
 
 
-def flow_matching_loss(
+def velocity_error(
     model_fn: Callable[[jax.Array, jax.Array], jax.Array],
     x0: Float[Array, "b t h w c"],
     noise: Float[Array, "b t h w c"],
     sigma: Float[Array, " b"],
-) -> tuple[jax.Array, Float[Array, " b"]]:
-    """Mean squared error between the predicted and the true velocity.
+) -> Float[Array, "b t h w c"]:
+    """Squared error between the predicted and the true velocity, per element (float32).
 
     Args:
         model_fn: (x_sigma, timestep (b,) = 1000 sigma) -> predicted velocity, x0's shape.
         x0: clean latents.
         noise: standard normal, x0's shape.
         sigma: (b,) noise levels in [0, 1].
+    """
+    x = noisy(x0, noise, sigma)
+    v = model_fn(x, 1000.0 * sigma).astype(jnp.float32)
+    return jnp.square(v - (noise - x0).astype(jnp.float32))
+
+
+def weighted_mean(
+    err: Float[Array, "b ..."], weight: Float[Array, "b ..."] | None = None
+) -> Float[Array, " b"]:
+    """Per-example mean of `err`, weighted by `weight` (broadcast against err) if given.
+
+    sum(w err) / sum(w) over all but the batch axis; an example of all-zero weight gives 0.
+    """
+    axes = tuple(range(1, err.ndim))
+    if weight is None:
+        return jnp.mean(err, axis=axes)
+    weight = jnp.broadcast_to(weight.astype(err.dtype), err.shape)
+    return jnp.sum(weight * err, axis=axes) / jnp.maximum(jnp.sum(weight, axis=axes), 1e-6)
+
+
+def flow_matching_loss(
+    model_fn: Callable[[jax.Array, jax.Array], jax.Array],
+    x0: Float[Array, "b t h w c"],
+    noise: Float[Array, "b t h w c"],
+    sigma: Float[Array, " b"],
+    weight: Float[Array, "b t h w _"] | None = None,
+) -> tuple[jax.Array, Float[Array, " b"]]:
+    """(Weighted) mean squared error between the predicted and the true velocity.
+
+    Args:
+        model_fn, x0, noise, sigma: see `velocity_error`.
+        weight: optional per-latent weights broadcast against x0 (e.g. (b, t, h, w, 1)).
 
     Returns:
         The scalar loss and the (b,) per-example losses (for logging by noise level).
     """
-    x = noisy(x0, noise, sigma)
-    v = model_fn(x, 1000.0 * sigma).astype(jnp.float32)
-    target = (noise - x0).astype(jnp.float32)
-    per_example = jnp.mean(jnp.square(v - target), axis=tuple(range(1, x0.ndim)))
+    per_example = weighted_mean(velocity_error(model_fn, x0, noise, sigma), weight)
     return jnp.mean(per_example), per_example
