@@ -128,6 +128,7 @@ def test_loss_drops_captions_at_the_dropout_rate():
         dict(short_frames=37),
         dict(cfg_dropout=1.0),
         dict(object_weight=-1.0),
+        dict(object_weight_sigma=1.5),
     ],
 )
 def test_config_rejects_bad_values(kwargs):
@@ -176,15 +177,22 @@ def test_object_weight_raises_the_share_of_object_errors():
     stage.forward = exact_but_objects
     try:
         losses = {
-            w: dit_loss(model, batch, jax.random.key(0), DiTStageConfig(object_weight=w))
-            for w in (0.0, 4.0)
+            (w, top): dit_loss(
+                model,
+                batch,
+                jax.random.key(0),
+                DiTStageConfig(object_weight=w, object_weight_sigma=top),
+            )
+            for w, top in [(0.0, 1.0), (4.0, 1.0), (4.0, 0.0)]
         }
     finally:
         stage.forward = real
     # Unweighted: error 1 on a quarter of the elements. Weighted x5: 5 / (5 + 3) of the mass.
-    np.testing.assert_allclose(float(losses[0.0][0]), 0.25, rtol=1e-4)
-    np.testing.assert_allclose(float(losses[4.0][0]), 5 / 8, rtol=1e-4)
-    np.testing.assert_allclose(float(losses[4.0][1]["loss_objects"]), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(float(losses[0.0, 1.0][0]), 0.25, rtol=1e-4)
+    np.testing.assert_allclose(float(losses[4.0, 1.0][0]), 5 / 8, rtol=1e-4)
+    np.testing.assert_allclose(float(losses[4.0, 1.0][1]["loss_objects"]), 1.0, rtol=1e-4)
+    # Above `object_weight_sigma` (here: every noise level) the weight is off.
+    np.testing.assert_allclose(float(losses[4.0, 0.0][0]), 0.25, rtol=1e-4)
 
 
 def test_init_starts_from_given_weights(tmp_path):

@@ -118,6 +118,9 @@ def train_dit(
     object_weight: Annotated[
         float | None, typer.Option(help="Extra loss weight of latents holding an object.")
     ] = None,
+    object_weight_sigma: Annotated[
+        float | None, typer.Option(help="Highest noise level the object weight applies at.")
+    ] = None,
     sigma_shift: Annotated[
         float | None, typer.Option(help="Shift of the training noise levels (default 3).")
     ] = None,
@@ -145,6 +148,7 @@ def train_dit(
         short_frames=short_frames,
         short_fraction=short_fraction,
         object_weight=object_weight,
+        object_weight_sigma=object_weight_sigma,
         init=None if init is None else str(init),
         checkpoint_every=checkpoint_every,
     )
