@@ -9,9 +9,10 @@ encoded by the model's VAE), the flow-matching velocity loss at a few noise leve
 - the empty caption,
 
 side by side, same noise draws. `swapped - true` is what the model gains from the shape words,
-`empty - true` what it gains from the whole caption. The ceiling for the shape words is printed
-too: the latent MSE between each clip and the same clip drawn with the swapped shapes (what a
-model that knew everything but the shapes would lose at sigma -> 1 / 2 scale, roughly).
+`empty - true` what it gains from the whole caption. The scale of what the shape words are
+worth is printed too: the latent MSE between each clip and the same clip drawn with swapped
+shapes. The velocity v = eps - x0 errs by exactly the error in x0, so at a noise level where the
+input gives away everything but the shapes, predicting the wrong shapes costs that much.
 
     python benchmarks/caption_use.py                        # shipped tiny weights
     python benchmarks/caption_use.py --weights runs/export  # transformer + vae .safetensors
