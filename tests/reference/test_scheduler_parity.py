@@ -21,6 +21,11 @@ pytestmark = pytest.mark.reference
 STEPS = (1, 2, 4, 10, 50)
 SHIFTS = (1.0, 3.0, 5.0)
 REL = 1e-6
+# Third order over many small steps solves a nearly singular 2x2 system for the coefficients, in
+# float32 on both sides; the rounding then depends on the CPU's BLAS path: 1e-6 held on the Intel
+# hosts, an AMD EPYC host measured up to 2.4e-5 (diffusers 0.42, torch 2.13). Second-order
+# coefficients in a third-order run err by 6e-4 at the first step that differs: still caught.
+REL_ORDER3 = 1e-4
 SHAPE = (2, 3, 4, 5)  # batch 0: random outputs; batch 1: a function of the sample
 
 
@@ -45,7 +50,9 @@ def _velocity(x: np.ndarray, t: float, noise: np.ndarray) -> np.ndarray:
     return v.astype(np.float32)
 
 
-def _compare_trajectories(reference, solver, *, start: int = 0, stop: int | None = None):
+def _compare_trajectories(
+    reference, solver, *, start: int = 0, stop: int | None = None, rel: float = REL
+):
     """Steps both from the same noise over [start, stop) and compares the sample after every step.
 
     Returns the state of both at `stop`: (reference scheduler, x, our state).
@@ -60,7 +67,7 @@ def _compare_trajectories(reference, solver, *, start: int = 0, stop: int | None
         v = _velocity(x_ref.numpy(), float(t), rng.standard_normal(SHAPE).astype(np.float32))
         x_ref = reference.step(torch.from_numpy(v), t, x_ref).prev_sample
         x_ours, state = solver.step(state, i, x_ours, jnp.asarray(v))
-        assert_close(x_ours, x_ref.numpy(), REL, f"step {i}")
+        assert_close(x_ours, x_ref.numpy(), rel, f"step {i}")
         # Keep the model inputs identical so only the solvers' own rounding is compared.
         x_ours = jnp.asarray(x_ref.numpy())
     return reference, x_ours, state
@@ -99,7 +106,8 @@ def test_unipc_schedule(order, shift):
 def test_unipc_steps(num_steps, shift, order):
     reference = _reference_unipc(shift, order)
     reference.set_timesteps(num_steps)
-    _compare_trajectories(reference, UniPC(num_steps=num_steps, shift=shift, order=order))
+    rel = REL_ORDER3 if order == 3 else REL
+    _compare_trajectories(reference, UniPC(num_steps=num_steps, shift=shift, order=order), rel=rel)
 
 
 @pytest.mark.parametrize("order", (2, 3))
@@ -126,7 +134,9 @@ def test_unipc_restart_matches_begin_index(order):
     reference = _reference_unipc(5.0, order)
     reference.set_timesteps(20)
     reference.set_begin_index(7)
-    _compare_trajectories(reference, UniPC(num_steps=20, shift=5.0, order=order), start=7)
+    rel = REL_ORDER3 if order == 3 else REL
+    solver = UniPC(num_steps=20, shift=5.0, order=order)
+    _compare_trajectories(reference, solver, start=7, rel=rel)
 
 
 def test_explicit_sigmas_match_custom_schedules():
