@@ -21,10 +21,11 @@ pytestmark = pytest.mark.reference
 STEPS = (1, 2, 4, 10, 50)
 SHIFTS = (1.0, 3.0, 5.0)
 REL = 1e-6
-# Third order over many small steps solves a nearly singular 2x2 system for the coefficients, in
-# float32 on both sides; the rounding then depends on the CPU's BLAS path: 1e-6 held on the hosts
-# of earlier CI runs, an AMD EPYC host measured up to 2.4e-5 (diffusers 0.42, torch 2.13). Second-order
-# coefficients in a third-order run err by 6e-4 at the first step that differs: still caught.
+# Third order over many small steps solves a nearly singular 2x2 system for the coefficients,
+# in float32 on both sides, so the rounding depends on the CPU's BLAS path: 1e-6 held on the
+# hosts of earlier CI runs, an AMD EPYC host measured up to 2.4e-5 (diffusers 0.42, torch 2.13).
+# Second-order coefficients in a third-order run err by 6e-4 at the first step that differs:
+# still caught.
 REL_ORDER3 = 1e-4
 SHAPE = (2, 3, 4, 5)  # batch 0: random outputs; batch 1: a function of the sample
 
