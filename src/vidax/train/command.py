@@ -230,7 +230,7 @@ def evaluate(
         raise ValueError(f"--limit must be in [1, {len(EVAL_PROMPTS)}], got {limit}")
     transformer = vae = None
     if weights is not None:
-        transformer, vae = _load_weights(model, weights)
+        transformer, vae = load_weights(model, weights)
     report = evaluate_prompts(
         model,
         prompts=EVAL_PROMPTS[:limit],
@@ -253,7 +253,7 @@ def evaluate(
     )
 
 
-def _load_weights(model: str, folder: Path):
+def load_weights(model: str, folder: Path):
     """(transformer, VAE) of `model` from `folder`'s transformer.safetensors and vae.safetensors."""
     from vidax.models.registry import get, get_vae
 

@@ -9,8 +9,7 @@ frames): cheaper steps that learn colour, shape and direction before the long cl
 
 The cache also keeps which latents see an object; `object_weight` raises their share of the
 low-noise loss (objects cover a few percent of the frame, background texture the rest), and
-`init`
-starts a fine-tuning run from exported weights.
+`init` starts a fine-tuning run from exported weights.
 
     train_dit("runs/dit", "runs/vae", DiTStageConfig(steps=600))
     train_dit("runs/dit-ft", "runs/vae", DiTStageConfig(init="runs/dit/transformer.safetensors",
@@ -40,7 +39,14 @@ from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
 from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
-from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, cpu_friendly_convs, load_stats, moments
+from vidax.train.vae import (
+    STATS_FILE,
+    WEIGHTS_FILE,
+    cpu_friendly_convs,
+    load_stats,
+    moments,
+    object_mask,
+)
 
 CACHE_DIR = "latents"
 TRANSFORMER_FILE = "transformer.safetensors"
@@ -155,8 +161,8 @@ def build_cache(
     """Encodes clips [0, clips) of the `vidax.data` stream `seed` into `cache_dir`.
 
     Each file `chunk_XXXX.npz` holds 64 clips' normalised latents (n, t, h, w, c), their
-    object masks (n, t, h, w, 1) uint8 (`latent_object_mask`) and captions; files are written whole (temp file, rename), so a killed build resumes at the
-    first missing chunk. A `manifest.json` pins what the cache holds.
+    object masks (n, t, h, w, 1) uint8 (`latent_object_mask`) and captions; files are written
+    whole (temp file, rename), so a killed build resumes at the first missing chunk. A `manifest.json` pins what the cache holds.
 
     Raises:
         ValueError: if `cache_dir` holds a cache of different clips or another VAE.
@@ -222,7 +228,7 @@ def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.nda
             f"video of {frames} frames of {height}x{width} does not fit a VAE with temporal "
             f"factor {temporal} and spatial factor {spatial}"
         )
-    pixels = video.max(axis=-1) > 0.2  # the threshold of `vidax.train.vae.object_mask`
+    pixels = np.asarray(object_mask(jnp.asarray(video)))[..., 0] > 0
     first, rest = pixels[:, :1], pixels[:, 1:]
     rest = rest.reshape(n, (frames - 1) // temporal, temporal, height, width).any(axis=2)
     grid = np.concatenate([first, rest], axis=1)

@@ -1,4 +1,4 @@
-"""Rectified-flow (flow-matching) training: noise levels, noisy inputs, the velocity loss.
+"""Rectified-flow (flow-matching) training: noise levels, noisy inputs, the velocity error.
 
 With data x0 and noise eps, the path is x_sigma = (1 - sigma) x0 + sigma eps and the model
 regresses the constant velocity v = eps - x0 at timestep 1000 sigma, the convention of Wan and
@@ -84,23 +84,3 @@ def weighted_mean(
         return jnp.mean(err, axis=axes)
     weight = jnp.broadcast_to(weight.astype(err.dtype), err.shape)
     return jnp.sum(weight * err, axis=axes) / jnp.maximum(jnp.sum(weight, axis=axes), 1e-6)
-
-
-def flow_matching_loss(
-    model_fn: Callable[[jax.Array, jax.Array], jax.Array],
-    x0: Float[Array, "b t h w c"],
-    noise: Float[Array, "b t h w c"],
-    sigma: Float[Array, " b"],
-    weight: Float[Array, "b t h w _"] | None = None,
-) -> tuple[jax.Array, Float[Array, " b"]]:
-    """(Weighted) mean squared error between the predicted and the true velocity.
-
-    Args:
-        model_fn, x0, noise, sigma: see `velocity_error`.
-        weight: optional per-latent weights broadcast against x0 (e.g. (b, t, h, w, 1)).
-
-    Returns:
-        The scalar loss and the (b,) per-example losses (for logging by noise level).
-    """
-    per_example = weighted_mean(velocity_error(model_fn, x0, noise, sigma), weight)
-    return jnp.mean(per_example), per_example
