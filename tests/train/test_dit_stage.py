@@ -129,11 +129,26 @@ def test_loss_drops_captions_at_the_dropout_rate():
         dict(cfg_dropout=1.0),
         dict(object_weight=-1.0),
         dict(object_weight_sigma=1.5),
+        dict(image_fraction=1.0),
+        dict(image_fraction=-0.1),
     ],
 )
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         DiTStageConfig(**kwargs)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.3])
+def test_image_steps_are_interleaved_at_the_given_share(fraction):
+    config = DiTStageConfig(steps=200, short_fraction=0.5, image_fraction=fraction)
+    frames = [config.latent_frames_at(step, short_t=5) for step in range(200)]
+    images = [step for step, t in enumerate(frames) if t == 1]
+    assert len(images) == round(200 * fraction)
+    if len(images) > 1:  # spread evenly: no two image steps closer than 1 / fraction - 1
+        assert min(np.diff(images)) >= int(1 / fraction)
+    # the other steps follow the short-then-whole curriculum
+    assert all(t == 5 for step, t in enumerate(frames[:100]) if step not in images)
+    assert all(t is None for step, t in enumerate(frames[100:], 100) if step not in images)
 
 
 def test_config_rejects_missing_init_weights(tmp_path):
@@ -212,7 +227,8 @@ def test_init_starts_from_given_weights(tmp_path):
 def test_short_run_exports_loadable_weights(tmp_path):
     run = _vae_run(tmp_path / "vae")
     config = DiTStageConfig(
-        steps=2, batch_size=2, cache_clips=2, frames=9, short_frames=5, short_fraction=0.5
+        steps=2, batch_size=2, cache_clips=2, frames=9, short_frames=5, short_fraction=0.5,
+        image_fraction=0.5,
     )
     ema = train_dit(tmp_path / "dit", run, config)
     log = [json.loads(line) for line in (tmp_path / "dit" / "log.jsonl").read_text().splitlines()]

@@ -115,6 +115,9 @@ def train_dit(
         int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
     ] = None,
     short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
+    image_fraction: Annotated[
+        float | None, typer.Option(help="Share of single-frame steps, interleaved.")
+    ] = None,
     object_weight: Annotated[
         float | None, typer.Option(help="Extra loss weight of latents holding an object.")
     ] = None,
@@ -147,6 +150,7 @@ def train_dit(
         frames=frames,
         short_frames=short_frames,
         short_fraction=short_fraction,
+        image_fraction=image_fraction,
         object_weight=object_weight,
         object_weight_sigma=object_weight_sigma,
         init=None if init is None else str(init),
