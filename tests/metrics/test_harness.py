@@ -56,6 +56,13 @@ def test_summary_and_table_reflect_the_samples():
     assert "| static |" in table
     by = report.by_category()
     assert set(by) == {p.category for p in EVAL_PROMPTS[:4]}
+    # shape confusion: truth reads every object right, the blank seed misses every object
+    asked = [o.shape for p in EVAL_PROMPTS[:4] for o in p.spec.objects]
+    confusion = report.shape_confusion()
+    for shape, row in confusion.items():
+        n = asked.count(shape)
+        assert row == {**dict.fromkeys(row, 0), shape: n, "missing": n}
+    assert "| asked shape, read as: | circle | square | triangle | missing |" in table
 
 
 def test_contact_sheet_layout():

@@ -11,6 +11,7 @@ from vidax.metrics import (
     evaluate,
     motion_fidelity,
     motion_magnitude,
+    shapes_read,
     subject_consistency,
     summarise,
     trajectory_error,
@@ -71,6 +72,23 @@ def test_adherence_drops_for_a_wrong_colour_or_shape():
     video = render(spec, 17)[0]
     other = "a white circle standing still, a green triangle bouncing fast to the left"
     assert caption_adherence(video, other) == 0.0
+
+
+def test_shapes_read_names_what_is_drawn():
+    spec = PROMPTS["multi-3"].spec
+    objs = spec.objects
+    other = "square" if objs[0].shape != "square" else "circle"
+    drawn = (
+        dataclasses.replace(objs[0], shape=other),
+        dataclasses.replace(objs[1], colour="white"),
+    )
+    video = render(dataclasses.replace(spec, objects=(*drawn, objs[2])), 17)[0]
+    assert shapes_read(video, spec) == [
+        (objs[0].shape, other),  # the wrong shape is read as what was drawn
+        (objs[1].shape, None),  # its colour is absent: missing
+        (objs[2].shape, objs[2].shape),
+    ]
+    assert shapes_read(render(spec, 17)[0], spec) == [(o.shape, o.shape) for o in objs]
 
 
 def test_frozen_video(rendered):

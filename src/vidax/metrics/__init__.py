@@ -8,7 +8,7 @@ palette shapes of `vidax.data.shapes` clips and judge them against the caption o
 - Temporal stability: `temporal_flicker` (static-region MAE), `flicker_score` (VBench).
 - Objects: `palette_labels`, `find_blobs`, `track_objects`.
 - Scene: `subject_consistency`, `motion_fidelity`, `motion_magnitude`, `trajectory_error`,
-  `caption_adherence`.
+  `caption_adherence`, `shapes_read` (asked vs read shape per caption object).
 - `evaluate(video, caption_or_spec, reference=None)` bundles them; `summarise` averages.
 """
 
@@ -27,6 +27,7 @@ from vidax.metrics.scene import (
     caption_adherence,
     motion_fidelity,
     motion_magnitude,
+    shapes_read,
     subject_consistency,
     trajectory_error,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "palette_labels",
     "perceptual_distance",
     "psnr",
+    "shapes_read",
     "ssim",
     "subject_consistency",
     "summarise",

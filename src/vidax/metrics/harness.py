@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from vidax.data.shapes import EVAL_PROMPTS, EvalPrompt, render
+from vidax.data.shapes import EVAL_PROMPTS, SHAPES, EvalPrompt, render
 from vidax.metrics.evaluate import Summary, evaluate, summarise
+from vidax.metrics.scene import shapes_read
 
 # Metrics shown in the table, in order (higher is better unless marked).
 TABLE_METRICS = (
@@ -78,6 +79,15 @@ class Report:
             rows = [s.metrics for s in self.samples if s.prompt.category == category]
             out[category] = summarise(rows)[metric]
         return out
+
+    def shape_confusion(self) -> dict[str, dict[str, int]]:
+        """{asked shape: {read shape or "missing": count}} over every caption object of every
+        sample: which shapes the generator draws for which words."""
+        table = {shape: dict.fromkeys((*SHAPES, "missing"), 0) for shape in SHAPES}
+        for s in self.samples:
+            for asked, read in shapes_read(s.frames * 2.0 - 1.0, s.prompt.caption):
+                table[asked][read or "missing"] += 1
+        return table
 
 
 def prompt_seeds(prompts: Sequence[EvalPrompt], seeds: int) -> list[tuple[EvalPrompt, int]]:
@@ -177,8 +187,8 @@ def _references(
 
 
 def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
-    """A markdown table: mean +- std of each metric for the generator and the references,
-    then caption adherence per prompt category."""
+    """Markdown tables: mean +- std of each metric for the generator and the references,
+    caption adherence per prompt category, and the generator's shape confusion."""
     columns = {"generated": report.summary()}
     for name, rows in report.references.items():
         columns[name] = summarise(s.metrics for s in rows)
@@ -194,6 +204,12 @@ def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
     motion = report.by_category("caption_motion_adherence")
     for category, summary in report.by_category("caption_adherence").items():
         lines.append(f"| {category} | {_cell(summary)} | {_cell(motion[category])} |")
+    confusion = report.shape_confusion()
+    read_as = (*SHAPES, "missing")
+    head = "| asked shape, read as: | " + " | ".join(read_as) + " |"
+    lines += ["", head, "|---" * (len(read_as) + 1) + "|"]
+    for asked, row in confusion.items():
+        lines.append(f"| {asked} | " + " | ".join(str(row[r]) for r in read_as) + " |")
     return "\n".join(lines)
 
 

@@ -311,6 +311,25 @@ def trajectory_error(video, spec: ClipSpec, *, tracks: Tracks | None = None) -> 
     return float(np.mean(errors))
 
 
+def shapes_read(
+    video, caption_or_spec: str | ClipSpec, *, tracks: Tracks | None = None
+) -> list[tuple[str, str | None]]:
+    """(asked shape, read shape) for each of the caption's objects, in caption order.
+
+    The read shape is the majority shape of the object's colour, or None when that colour is
+    in fewer than half the frames (the object is missing). `caption_adherence` counts the
+    pairs that agree.
+    """
+    tr = _tracks(video, tracks)
+    objects, _ = _expectations(caption_or_spec)
+    out = []
+    for expected in objects:
+        track = tr.tracks.get(expected.colour)
+        found = track is not None and track.presence >= 0.5
+        out.append((expected.shape, track.majority_shape if found else None))
+    return out
+
+
 def caption_adherence(
     video,
     caption_or_spec: str | ClipSpec,
@@ -334,11 +353,12 @@ def caption_adherence(
     """
     tr = _tracks(video, tracks)
     objects, pan = _expectations(caption_or_spec)
+    read = shapes_read(video, caption_or_spec, tracks=tr)
     scale = min(tr.height, tr.width)
     hits = []
-    for expected in objects:
+    for expected, (_, shape) in zip(objects, read, strict=True):
         track = tr.tracks.get(expected.colour)
-        if track is None or track.presence < 0.5 or track.majority_shape != expected.shape:
+        if shape != expected.shape:
             hits.append(0.0)
             continue
         if check_motion and expected.motion is not None and tr.num_frames > 1:
