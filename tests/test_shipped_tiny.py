@@ -46,5 +46,6 @@ def test_generated_videos_follow_their_captions(shipped):
             spec, prompt=prompt.caption, seed=prompt.seed, transformer=transformer, vae=vae
         )
         scores.append(caption_adherence(video.frames * 2.0 - 1.0, prompt.caption))
-    # Measured: 0.62 for these weights, 0.17 for the first shipped ones (same metric).
-    assert np.mean(scores) >= 0.4, scores
+    # Measured: 0.92 for these weights, 0.62 for the base DiT they were fine-tuned from, 0.17
+    # for the first shipped ones (same metric).
+    assert np.mean(scores) >= 0.7, scores
