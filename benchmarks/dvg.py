@@ -181,6 +181,8 @@ def run_tiny(args) -> None:
             guidance=cfg,
             accel=name,
             budget=budgets[name],
+            # dvg runs under the preset's policy; the fixed families run as asked
+            policy=dvg.Policy(spatial=spec.dvg_spatial) if name == "dvg" else None,
         )
         return out, choices[0]
 
@@ -242,7 +244,12 @@ def run_tiny(args) -> None:
                 p = dvg.plan(c.schedule, latent[:3], spec.config.patch_size, solver)
                 f = plan_flops(args.model, p, cfg_batch)
                 if n == "dvg":  # the probe's steps (reused when the schedule starts with them)
-                    probe = dvg.probe_stage(latent[:3], spec.config.patch_size, steps)
+                    probe = dvg.probe_stage(
+                        latent[:3],
+                        spec.config.patch_size,
+                        steps,
+                        dvg.Policy(spatial=spec.dvg_spatial),
+                    )
                     if probe is not None and c.schedule.stages[0] != probe:
                         pp = dvg.plan(
                             dvg.Schedule.of([probe, (1, 1, steps - probe.steps)]),

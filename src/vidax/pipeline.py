@@ -547,6 +547,7 @@ def generate(
                 guidance=cfg_scale,
                 accel=accel,
                 budget=dvg.DEFAULT_BUDGET if budget is None else budget,
+                policy=dvg.Policy(spatial=spec.dvg_spatial),
                 model_input=model_input,
                 on_step=on_step,
             )

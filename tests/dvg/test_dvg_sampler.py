@@ -179,6 +179,29 @@ def test_bad_accel_and_budget_raise(toy):
             assert choice.cost == pytest.approx(min(c.cost for c in found))
 
 
+def test_a_policy_without_space_runs_temporal_and_warns_on_explicit_space(toy):
+    model, cond, negative, noise = toy
+    kw = dict(solver=UniPC(num_steps=4, shift=3.0), guidance=GUIDANCE, budget=0.6)
+    no_space = dvg.Policy(spatial=False)
+    _, (choice,) = dvg.accelerate(model, noise, cond, negative, accel="dvg", policy=no_space, **kw)
+    assert choice.family == "temporal"
+    assert all(stage.s_factor == 1 for stage in choice.schedule.stages)
+    with pytest.warns(UserWarning, match="cheapest temporal schedule"):  # names what it tried
+        dvg.accelerate(
+            model, noise, cond, negative, accel="dvg", policy=no_space, **{**kw, "budget": 0.05}
+        )
+    with pytest.warns(UserWarning, match="rules out"):
+        _, (choice,) = dvg.accelerate(
+            model, noise, cond, negative, accel="spatial", policy=no_space, **kw
+        )
+    assert choice.family == "spatial"
+
+
+def test_the_tiny_preset_keeps_dvg_off_space():
+    # Trained at one resolution: its spatial stages ruin the video (docs/dvg.md section 6.1).
+    assert get("tiny").dvg_spatial is False and get("wan2.1-1.3b").dvg_spatial is True
+
+
 def test_resuming_from_the_probe_equals_running_stage_zero(toy):
     model, cond, negative, noise = toy
     solver = UniPC(num_steps=4, shift=3.0)

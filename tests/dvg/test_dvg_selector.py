@@ -14,6 +14,7 @@ from vidax.dvg import (
     choose,
     ladders,
     measure,
+    probe_stage,
     reduced_shape,
     relative_cost,
     step_flops,
@@ -170,3 +171,14 @@ def test_coarser_grids_predict_more_loss_with_detail_and_none_without():
     # the same schedules with no detail cost (almost) nothing
     still = choose(found, (0.0, 0.0), latent, SOLVER.sigmas)
     assert still.predicted_loss < DEFAULT_POLICY.base_weight
+
+
+def test_a_policy_without_space_keeps_only_temporal_ladders():
+    policy = Policy(spatial=False)
+    lad = ladders((9, 16, 16), PATCH, policy)
+    assert lad["spatial"] == [] and lad["joint"] == []
+    assert lad["temporal"] == ladders((9, 16, 16), PATCH)["temporal"]
+    found = candidates((9, 16, 16), PATCH, 20, 0.5, policy=policy)
+    assert found and {c.family for c in found} == {"temporal"}
+    # the probe moves to the coarsest temporal grid (3 frames at full spatial size)
+    assert probe_stage((9, 16, 16), PATCH, 20, policy) == Stage(4, 1, 5)

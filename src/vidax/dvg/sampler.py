@@ -374,7 +374,9 @@ def accelerate(
         cheapest one runs, with a warning.
         FLOPs fall further than the budget on large grids (attention is quadratic), wall-clock
         less on tiny ones (fixed costs).
-      policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`).
+      policy: `vidax.dvg.Policy` (default: `DEFAULT_POLICY`). `vidax.pipeline.generate` passes
+        the preset's (`Policy(spatial=spec.dvg_spatial)`). An explicit "spatial" or "joint"
+        under `spatial=False` runs with a warning.
       key: PRNG key for `noise="fresh"` plans.
       on_step: host callback per step (base-schedule step index).
       **options: `plan` options (temporal, spatial, rope, noise).
@@ -389,6 +391,14 @@ def accelerate(
     if not 0 < budget <= 1:
         raise ValueError(f"budget must be in (0, 1], got {budget}")
     policy = policy or selector.DEFAULT_POLICY
+    if accel in ("spatial", "joint") and not policy.spatial:
+        warnings.warn(
+            f"accel={accel!r} reduces space, which this policy rules out (Policy.spatial=False: "
+            "the model was trained at one resolution and its spatial stages degrade the video); "
+            "running it as asked",
+            stacklevel=2,
+        )
+        policy = dataclasses.replace(policy, spatial=True)
     config = model.config
     latent = tuple(noise.shape[1:4])
     n = solver.num_steps
@@ -411,7 +421,9 @@ def accelerate(
         latents = run(noise, cond, negative, plan=make_plan(full))
         return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
 
-    reducing = tuple(f for f in selector.FAMILIES if f != "none")
+    reducing = tuple(
+        f for f in selector.FAMILIES if f == "temporal" or (f != "none" and policy.spatial)
+    )
 
     def affordable(families, probe_at):
         """The budget, or (with a warning) the cheapest schedule's cost when none fits it."""

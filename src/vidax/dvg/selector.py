@@ -72,6 +72,10 @@ class Policy:
       factors: reduction factors to consider per axis (those dividing the latent are used).
       min_tokens: tokens a reduced grid keeps at least across each spatial axis.
       default_signals: (motion, detail) assumed without a probe (fixed strategies).
+      spatial: whether spatial (and joint) reductions are candidates. DVG assumes a DiT that
+        denoises a coarser grid consistently, i.e. one trained at several resolutions; for a
+        DiT trained at one resolution (the shipped `tiny`) spatial stages ruin the video, so
+        its preset sets this False (`ModelSpec.dvg_spatial`, docs/dvg.md §6.1).
     """
 
     probe: float = 0.25
@@ -83,6 +87,7 @@ class Policy:
     factors: tuple[int, ...] = (2, 4, 8)
     min_tokens: int = 2
     default_signals: tuple[float, float] = (0.5, 0.5)
+    spatial: bool = True
 
     def __post_init__(self):
         if not 0 < self.probe < 1:
@@ -165,12 +170,13 @@ def ladders(
     """Grid ladders (coarse to fine, ending at (1, 1)) per family for a (t, h, w) latent.
 
     A factor is used when it divides the latent and leaves at least two frames (temporal) or
-    `policy.min_tokens` patches across (spatial).
+    `policy.min_tokens` patches across (spatial); with `policy.spatial` False there are no
+    spatial factors (so no spatial or joint ladders).
     """
     t, h, w = latent
     k = policy.min_tokens
     ts = [f for f in policy.factors if t > 1 and (t - 1) % f == 0]
-    ss = [f for f in policy.factors if h % f == 0 and w % f == 0]
+    ss = [f for f in policy.factors if policy.spatial and h % f == 0 and w % f == 0]
     ss = [f for f in ss if h // f >= k * patch[1] and w // f >= k * patch[2]]
     out: dict[str, list] = {"none": [((1, 1),)], "spatial": [], "temporal": [], "joint": []}
 

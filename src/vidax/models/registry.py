@@ -50,6 +50,9 @@ class ModelSpec:
         user provides weights for (e.g. "umt5-xxl").
       weights: packaged asset folder with shipped weights (`vidax/assets/<weights>`), if any.
       defaults: sampling defaults.
+      dvg_spatial: whether DVG may reduce space (`vidax.dvg.Policy.spatial`): True where the
+        DiT denoises coarser grids consistently (trained at several resolutions); False for
+        the shipped tiny DiT, trained at 16x16 latents only.
     """
 
     name: str
@@ -59,6 +62,7 @@ class ModelSpec:
     text_encoder: str
     weights: str | None = None
     defaults: SamplingDefaults
+    dvg_spatial: bool = True
 
     @property
     def module(self) -> type[nnx.Module]:
@@ -104,6 +108,8 @@ def _specs() -> dict[str, ModelSpec]:
             defaults=SamplingDefaults(
                 num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
             ),
+            # Its spatial DVG stages drop caption adherence 0.72 -> 0.01 (docs/dvg.md §6.1).
+            dvg_spatial=False,
         ),
         ModelSpec(
             name="wan2.1-1.3b",
