@@ -422,7 +422,7 @@ def accelerate(
         return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
 
     reducing = tuple(
-        f for f in selector.FAMILIES if f == "temporal" or (f != "none" and policy.spatial)
+        f for f in selector.FAMILIES if f != "none" and (policy.spatial or f == "temporal")
     )
 
     def affordable(families, probe_at):
