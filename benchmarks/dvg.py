@@ -126,6 +126,8 @@ def run_tiny(args) -> None:
     few_steps = max(1, round(steps * args.budget))
     few_solver = sampling.make_solver(args.sampler or d.sampler, few_steps, shift)
     cfg_batch = 1 if family.embedded_guidance(spec) else 2
+    # dvg runs under the preset's policy (as `pipeline.generate` does); the fixed families as asked
+    dvg_policy = dvg.Policy(spatial=spec.dvg_spatial)
     prompts = _spread(EVAL_PROMPTS, args.prompts)
     source = ", ".join(f"{k} {v}" for k, v in (("DiT", args.transformer), ("VAE", args.vae)) if v)
     source = source or "shipped weights"
@@ -181,8 +183,7 @@ def run_tiny(args) -> None:
             guidance=cfg,
             accel=name,
             budget=budgets[name],
-            # dvg runs under the preset's policy; the fixed families run as asked
-            policy=dvg.Policy(spatial=spec.dvg_spatial) if name == "dvg" else None,
+            policy=dvg_policy if name == "dvg" else None,
         )
         return out, choices[0]
 
@@ -244,12 +245,7 @@ def run_tiny(args) -> None:
                 p = dvg.plan(c.schedule, latent[:3], spec.config.patch_size, solver)
                 f = plan_flops(args.model, p, cfg_batch)
                 if n == "dvg":  # the probe's steps (reused when the schedule starts with them)
-                    probe = dvg.probe_stage(
-                        latent[:3],
-                        spec.config.patch_size,
-                        steps,
-                        dvg.Policy(spatial=spec.dvg_spatial),
-                    )
+                    probe = dvg.probe_stage(latent[:3], spec.config.patch_size, steps, dvg_policy)
                     if probe is not None and c.schedule.stages[0] != probe:
                         pp = dvg.plan(
                             dvg.Schedule.of([probe, (1, 1, steps - probe.steps)]),
