@@ -61,6 +61,23 @@ def test_layout_and_round_trip(saved):
         np.testing.assert_array_equal(a, b)
 
 
+def test_bfloat16_checkpoints_load_into_float32_models(tmp_path):
+    # Real Wan/Hunyuan checkpoints are stored in bf16; ml_dtypes' bfloat16 is not a numpy
+    # "floating" subtype, which once made the loader reject every bf16 tensor.
+    import ml_dtypes
+
+    model = _Model(rngs=nnx.Rngs(0))
+    path = tmp_path / "bf16.safetensors"
+    save_model(model, path, RULES, dtype=ml_dtypes.bfloat16)
+    assert open_checkpoint(path).dtype("inp.weight") == np.dtype(ml_dtypes.bfloat16)
+    loaded = load_model(lambda: _Model(rngs=nnx.Rngs(1)), path, RULES)
+    for a, b in zip(
+        jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(loaded)), strict=True
+    ):
+        assert b.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-3)
+
+
 def test_every_problem_is_reported_before_loading(saved, tmp_path):
     _, path = saved
     tensors = dict(open_checkpoint(path))

@@ -16,6 +16,7 @@ import fnmatch
 from collections.abc import Callable, Iterable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -117,8 +118,9 @@ def load_state(
                 errors.append(f"missing key {key!r} (for {rule.target})")
                 continue
             used.add(key)
-            if not np.issubdtype(reader.dtype(key), np.floating) and np.issubdtype(
-                want.dtype, np.floating
+            # jnp.issubdtype knows ml_dtypes' bfloat16 (np.issubdtype calls it not floating).
+            if not jnp.issubdtype(reader.dtype(key), jnp.floating) and jnp.issubdtype(
+                want.dtype, jnp.floating
             ):
                 errors.append(
                     f"key {key!r} in {reader.path_of(key)} has dtype {reader.dtype(key)}, "
