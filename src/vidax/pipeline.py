@@ -180,18 +180,32 @@ def adapter(spec: ModelSpec) -> Adapter:
 
 
 def embed_prompts(
-    spec: ModelSpec, prompts: list[str], checkpoint: str | os.PathLike | None = None
+    spec: ModelSpec,
+    prompts: list[str],
+    checkpoint: str | os.PathLike | None = None,
+    *,
+    text_encoder=None,
 ) -> PromptEmbeds:
     """Prompt embeddings with the spec's text encoder.
 
-    "hashed" presets use the built-in embedder. Wan presets use umT5 when `checkpoint` is a
-    diffusers pipeline folder with `text_encoder/` and `tokenizer/`. Other encoders (LLaVA, Qwen)
-    are not ported: pass precomputed embeddings (`load_prompt_embeds`).
+    "hashed" presets use the built-in embedder, then (where `spec.text_config` is set) the
+    trained `WordEncoder`: `text_encoder` if given, else `load_text_encoder`. Wan presets use
+    umT5 when `checkpoint` is a diffusers pipeline folder with `text_encoder/` and `tokenizer/`.
+    Other encoders (LLaVA, Qwen) are not ported: pass precomputed embeddings
+    (`load_prompt_embeds`).
     """
     c = spec.config
     if spec.text_encoder == "hashed":
         from vidax.text.hashed import HashedTextEmbedder
 
+        if spec.text_config is not None:
+            t = spec.text_config
+            words, mask = HashedTextEmbedder(dim=t.in_dim, text_len=t.text_len)(prompts)
+            encoder = text_encoder or load_text_encoder(spec, checkpoint)
+            embeds = _compiled_text(nnx.graphdef(encoder))(
+                nnx.state(encoder), jnp.asarray(words), jnp.asarray(mask)
+            )
+            return PromptEmbeds(embeds, jnp.asarray(mask), None)
         embeds, mask = HashedTextEmbedder(dim=c.text_dim, text_len=c.text_len)(prompts)
         pooled = None
         pooled_dim = getattr(c, "pooled_dim", None)
@@ -212,6 +226,40 @@ def embed_prompts(
         "pipeline folder with text_encoder/ and tokenizer/ (umT5 only) or precomputed prompt "
         "embeddings (--prompt-embeds)"
     )
+
+
+TEXT_ENCODER_FILE = "text_encoder.safetensors"
+
+
+def load_text_encoder(spec: ModelSpec, checkpoint: str | os.PathLike | None = None):
+    """The spec's trained `WordEncoder`: `<checkpoint>/text_encoder.safetensors` (a weights
+    folder), else the shipped one, else (warning) random weights."""
+    from vidax.text import encoder as word_encoder
+
+    if spec.text_config is None:
+        raise ValueError(f"model {spec.name!r} has no trained text encoder")
+    path = None
+    if checkpoint is not None and (Path(checkpoint) / TEXT_ENCODER_FILE).is_file():
+        path = Path(checkpoint) / TEXT_ENCODER_FILE
+    path = path or _shipped(spec, TEXT_ENCODER_FILE)
+    if path is not None:
+        return _cached_text_encoder(str(path), spec.text_config)
+    warnings.warn(
+        f"no text encoder weights for {spec.name!r}: using random initialisation", stacklevel=2
+    )
+    return word_encoder.WordEncoder(spec.text_config, rngs=nnx.Rngs(0))
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_text_encoder(path: str, config):
+    from vidax.text import encoder as word_encoder
+
+    return word_encoder.load(path, config)
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_text(graphdef):
+    return jax.jit(lambda state, words, mask: nnx.merge(graphdef, state)(words, mask))
 
 
 def _umt5_embeds(spec: ModelSpec, prompts: list[str], root: Path) -> PromptEmbeds:
@@ -450,6 +498,7 @@ def generate(
     checkpoint: str | os.PathLike | None = None,
     transformer: nnx.Module | None = None,
     vae=None,
+    text_encoder: nnx.Module | None = None,
     decode_frames: bool = True,
     mesh: Mesh | None = None,
     strategy: str | None = None,
@@ -468,7 +517,8 @@ def generate(
       steps, guidance, shift, sampler: sampling settings (default: the preset's).
       seed: noise seed.
       checkpoint: diffusers-layout pipeline folder or transformer weights (default: shipped).
-      transformer / vae: already-built models (skip loading).
+      transformer / vae / text_encoder: already-built models (skip loading; the text encoder
+        of presets with a trained `WordEncoder`).
       decode_frames: decode latents to frames with the VAE.
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
       on_step: host callback per denoising step.
@@ -497,8 +547,10 @@ def generate(
         raise ValueError("pass exactly one of prompt and prompt_embeds")
     if prompt is not None:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        text = embed_prompts(spec, prompts, checkpoint)
-        neg_text = embed_prompts(spec, [negative_prompt] * len(prompts), checkpoint)
+        text = embed_prompts(spec, prompts, checkpoint, text_encoder=text_encoder)
+        neg_text = embed_prompts(
+            spec, [negative_prompt] * len(prompts), checkpoint, text_encoder=text_encoder
+        )
     else:
         text = _as_embeds(spec, prompt_embeds)
         if negative_prompt_embeds is not None:

@@ -52,7 +52,10 @@ class ModelSpec:
       defaults: sampling defaults.
       dvg_spatial: whether DVG may reduce space (`vidax.dvg.Policy.spatial`): True where the
         DiT denoises coarser grids consistently (trained at several resolutions); False for
-        the shipped tiny DiT, trained at 16x16 latents only.
+        a DiT trained at one latent size only.
+      text_config: for the "hashed" text encoder, the `vidax.text.encoder.WordEncoderConfig`
+        of a trained encoder over the hashed word vectors (weights `text_encoder.safetensors`
+        beside the transformer's); None: the hashed vectors go to the DiT as they are.
     """
 
     name: str
@@ -63,6 +66,7 @@ class ModelSpec:
     weights: str | None = None
     defaults: SamplingDefaults
     dvg_spatial: bool = True
+    text_config: Any = None
 
     @property
     def module(self) -> type[nnx.Module]:
@@ -95,6 +99,7 @@ def _leaves(state):
 
 def _specs() -> dict[str, ModelSpec]:
     from vidax.models.wan import PRESETS as WAN
+    from vidax.text.encoder import WordEncoderConfig
 
     specs = [
         ModelSpec(
@@ -110,6 +115,17 @@ def _specs() -> dict[str, ModelSpec]:
             ),
             # Its spatial DVG stages drop caption adherence 0.72 -> 0.01 (docs/dvg.md §6.1).
             dvg_spatial=False,
+        ),
+        ModelSpec(
+            name="tiny-v2",
+            family="wan",
+            config=WAN["tiny-v2"],
+            vae="shapes",
+            text_encoder="hashed",
+            text_config=WordEncoderConfig(in_dim=128, dim=256, num_layers=3, text_len=32),
+            defaults=SamplingDefaults(
+                num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
+            ),
         ),
         ModelSpec(
             name="wan2.1-1.3b",

@@ -107,4 +107,20 @@ PRESETS: dict[str, WanConfig] = {
         dtype="float32",
         param_dtype="float32",
     ),
+    # The second shapes DiT (issue 16): ~8 M parameters, trained on one H200 by
+    # `vidax train all --profile h200` at 32-64 px and 1-33 frames, conditioned by a trained
+    # `vidax.text.encoder.WordEncoder` (text_dim = its width).
+    "tiny-v2": WanConfig(
+        dim=256,
+        num_layers=8,
+        num_heads=4,
+        ffn_dim=768,
+        in_channels=8,
+        out_channels=8,
+        text_dim=256,
+        text_len=32,
+        freq_dim=128,
+        dtype="float32",
+        param_dtype="float32",
+    ),
 }

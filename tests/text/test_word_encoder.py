@@ -1,0 +1,80 @@
+"""The trained text encoder over hashed word vectors (`vidax.text.encoder`)."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidax import pipeline
+from vidax.models.registry import get
+from vidax.text.encoder import WordEncoder, WordEncoderConfig, load, save
+from vidax.text.hashed import HashedTextEmbedder
+
+CONFIG = WordEncoderConfig(in_dim=16, dim=32, num_layers=2, num_heads=2, ffn_dim=64, text_len=8)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return WordEncoder(CONFIG, rngs=nnx.Rngs(0))
+
+
+def _words(prompts, config=CONFIG):
+    words, mask = HashedTextEmbedder(dim=config.in_dim, text_len=config.text_len)(prompts)
+    return jnp.asarray(words), jnp.asarray(mask)
+
+
+def test_output_is_zero_on_padding_and_for_the_empty_prompt(encoder):
+    words, mask = _words(["a red circle standing still", ""])
+    out = np.asarray(encoder(words, mask))
+    assert out.shape == (2, 8, 32)
+    assert np.all(out[0, 5:] == 0) and np.all(np.abs(out[0, :5]).sum(-1) > 0)
+    assert np.all(out[1] == 0)
+
+
+def test_padding_content_does_not_leak_into_real_tokens(encoder):
+    words, mask = _words(["a blue square"])
+    noisy = words.at[:, 3:].set(jnp.ones_like(words[:, 3:]) * 5.0)
+    np.testing.assert_allclose(encoder(words, mask), encoder(noisy, mask), atol=1e-6)
+
+
+def test_tokens_see_their_context(encoder):
+    # Bidirectional attention: 'circle' is embedded differently after 'red' than after 'blue'.
+    red, red_mask = _words(["a red circle"])
+    blue, blue_mask = _words(["a blue circle"])
+    diff = np.abs(np.asarray(encoder(red, red_mask) - encoder(blue, blue_mask)))[0, 2]
+    assert diff.max() > 1e-3
+
+
+def test_save_load_round_trip(encoder, tmp_path):
+    words, mask = _words(["a green triangle bouncing fast to the left"])
+    save(encoder, tmp_path / "te.safetensors")
+    loaded = load(tmp_path / "te.safetensors", CONFIG)
+    np.testing.assert_array_equal(encoder(words, mask), loaded(words, mask))
+    # bf16 storage (as the recipe ships it) loads into the float32 model.
+    save(encoder, tmp_path / "bf16.safetensors", dtype=jnp.bfloat16)
+    half = load(tmp_path / "bf16.safetensors", CONFIG)
+    np.testing.assert_allclose(encoder(words, mask), half(words, mask), atol=0.1)
+
+
+def test_bad_inputs_and_configs_are_one_line_errors(encoder):
+    words, mask = _words(["a red circle"])
+    with pytest.raises(ValueError, match="expected words"):
+        encoder(words[..., :4], mask)
+    with pytest.raises(ValueError, match="divisible"):
+        WordEncoderConfig(dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="dtype"):
+        WordEncoderConfig(dtype="int8")
+
+
+def test_pipeline_runs_the_encoder_of_a_preset_with_text_config(encoder):
+    spec = dataclasses.replace(
+        get("tiny-v2"),
+        text_config=CONFIG,
+        config=dataclasses.replace(get("tiny-v2").config, text_dim=32, text_len=8),
+    )
+    embeds = pipeline.embed_prompts(spec, ["a red circle", ""], text_encoder=encoder)
+    words, mask = _words(["a red circle", ""])
+    np.testing.assert_allclose(embeds.embeds, encoder(words, mask), atol=1e-6)
+    np.testing.assert_array_equal(embeds.mask, mask)
