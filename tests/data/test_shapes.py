@@ -290,3 +290,57 @@ def test_eval_prompt_objects_never_overlap_in_33_frames():
                     (paths[i, :, 1] - ei[2]) - (paths[j, :, 1] + ej[3]),
                 )
                 assert (np.maximum(gap_x, gap_y) > 1.0).all(), p.name
+
+
+def test_random_eval_prompts_are_deterministic_in_the_seed():
+    from vidax.data import LoaderConfig, clip_at
+
+    a = shapes.random_eval_prompts(6, seed=7)
+    assert a == shapes.random_eval_prompts(6, seed=7)
+    assert shapes.random_eval_prompts(3, seed=7) == a[:3]  # a larger n extends a smaller one
+    b = shapes.random_eval_prompts(6, seed=8)
+    assert all(p.spec != q.spec for p, q in zip(a, b, strict=True))
+    assert [p.seed for p in a] == list(range(7, 13))
+    assert len({p.name for p in a + b}) == 12
+    assert all(p.category == shapes.categorise(p.spec) for p in a)
+    # Fresh draws: never the training stream's clips (seed 0 is the stages' default seed).
+    config = LoaderConfig(batch_size=1, num_frames=1)
+    training = [clip_at(config, 0, i)[0] for i in range(4)]
+    assert not set(training) & {p.spec for p in shapes.random_eval_prompts(4, seed=0)}
+
+
+@pytest.mark.parametrize("n, seed", [(0, 0), (-1, 0), (2, -1)])
+def test_random_eval_prompts_reject_bad_input(n, seed):
+    with pytest.raises(ValueError, match="must be >= "):
+        shapes.random_eval_prompts(n, seed)
+
+
+@pytest.mark.parametrize(
+    "objects, pan, category",
+    [
+        ((ObjectSpec(shape="circle", colour="red"),), "none", "static"),
+        (
+            (ObjectSpec(shape="square", colour="red", motion="slow", direction="up"),),
+            "none",
+            "slow",
+        ),
+        (
+            (ObjectSpec(shape="circle", colour="red", motion="fast", direction="left"),),
+            "none",
+            "fast",
+        ),
+        ((ObjectSpec(shape="circle", colour="red"),), "left", "pan"),
+        (
+            (ObjectSpec(shape="circle", colour="red"), ObjectSpec(shape="square", colour="blue")),
+            "none",
+            "multi",
+        ),
+        (
+            (ObjectSpec(shape="circle", colour="red"), ObjectSpec(shape="square", colour="blue")),
+            "up",
+            "multi",  # object count comes before the pan
+        ),
+    ],
+)
+def test_categorise_crafted_specs(objects, pan, category):
+    assert shapes.categorise(ClipSpec(objects=objects, pan=pan)) == category

@@ -117,3 +117,34 @@ def test_evaluate_prompts_runs_the_pipeline():
     # Rendered ground truth adheres perfectly; a random model's noise does not.
     assert report.references["ground truth"][0].metrics["caption_adherence"] == 1.0
     assert report.summary()["caption_adherence"].mean < 1.0
+
+
+def test_two_labelled_sets_are_reported_side_by_side(tmp_path):
+    from vidax.data import random_eval_prompts
+
+    fixed = dataclasses.replace(_report(EVAL_PROMPTS[:2]), label="fixed")
+    fresh = dataclasses.replace(_report(random_eval_prompts(2, 18), seeds=1), label="random 2")
+    table = format_table([fixed, fresh])
+    assert table.startswith("## fixed: 2 prompts x 2 seeds\n")
+    assert "\n## random 2: 2 prompts x 1 seed\n" in table
+    assert "| pan | 1 | 1.000 ± 0.000 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in table
+    paths = write_report([fixed, fresh], tmp_path)
+    assert paths["table"].read_text() == table + "\n"
+    sets = json.loads(paths["results"].read_text())["sets"]
+    assert [s["label"] for s in sets] == ["fixed", "random 2"]
+    assert [s["category"] for s in sets[1]["samples"]] == ["pan", "fast"]
+    truth = sets[1]["by_category"]["ground truth"]["caption_adherence"]
+    assert {k: v["mean"] for k, v in truth.items()} == {"pan": 1.0, "fast": 1.0}
+    import imageio.v3 as iio
+
+    sheets = [contact_sheet(r) for r in (fixed, fresh)]
+    height = sum(s.shape[0] for s in sheets)
+    assert iio.imread(paths["contact_sheet"]).shape == (height, sheets[0].shape[1], 3)
+    with pytest.raises(ValueError, match="distinct labels"):
+        format_table([fixed, dataclasses.replace(fresh, label="fixed")])
+
+
+@pytest.mark.parametrize("height, width", [(30, 64), (8, 8)])
+def test_evaluate_prompts_rejects_bad_sizes_before_loading(height, width):
+    with pytest.raises(ValueError, match="height and width must be"):
+        evaluate_prompts("tiny", prompts=EVAL_PROMPTS[:1], height=height, width=width)

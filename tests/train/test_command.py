@@ -42,6 +42,11 @@ def test_commands_are_registered(app):
         (["train", "dit", "--vae-run", "/nonexistent"], "not found"),
         (["eval", "--limit", "0"], "--limit"),
         (["eval", "--weights", "/nonexistent"], "not found"),
+        (["eval", "--random", "-1"], "--random"),
+        (["eval", "--random", "2", "--seed", "-1"], "--seed"),
+        (["eval", "--no-fixed"], "nothing to score"),
+        (["eval", "--height", "8"], "--height must be >= 16"),
+        (["eval", "--width", "36"], "multiples of 8"),
     ],
 )
 def test_bad_input_raises_a_clear_error(app, tmp_path, args, message):
@@ -69,6 +74,23 @@ def test_eval_scores_weights_from_a_folder(app, tmp_path):
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert len(results["samples"]) == 1
     assert "| caption_adherence |" in out.output
+
+
+def test_eval_random_prompts_at_a_non_default_size(app, tmp_path):
+    args = ["eval", "--random", "2", "--seed", "18", "--no-fixed", "--height", "48"]
+    args += ["--width", "64", "--frames", "5", "--steps", "2", "--seeds", "1"]
+    out = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "## random 2 from seed 18: 2 prompts x 1 seed, 48x64, 5 frames" in out.output
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["label"] == "random 2 from seed 18"
+    assert (results["settings"]["height"], results["settings"]["width"]) == (48, 64)
+    # random_eval_prompts(2, 18): a single object under a pan, then a fast one.
+    assert [s["category"] for s in results["samples"]] == ["pan", "fast"]
+    for name in ("generated", "ground truth", "vae"):
+        assert set(results["by_category"][name]["caption_adherence"]) == {"pan", "fast"}
+    assert [s["caption_adherence"] for s in results["references"]["ground truth"]] == [1.0, 1.0]
+    assert "| pan | 1 |" in out.output and "| ground truth (n=2) |" in out.output
 
 
 def _log(run_dir):

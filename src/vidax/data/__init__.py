@@ -1,7 +1,7 @@
 """Synthetic text-to-video data: procedural coloured-shape clips with ground truth.
 
 - `shapes`: `ClipSpec`/`ObjectSpec`, `sample_spec`, `render`, `caption`/`parse_caption`,
-  `EVAL_PROMPTS`.
+  `EVAL_PROMPTS` (the fixed set) and `random_eval_prompts` (fresh draws, `categorise`d).
 - `loader`: `ClipLoader`, an infinite, seeded batch iterator resumable from (seed, step), and
   `shard_batch`, which places a batch on a mesh's ("data", "fsdp") axes.
 """
@@ -30,9 +30,11 @@ from vidax.data.shapes import (
     ObjectSpec,
     camera_velocity,
     caption,
+    categorise,
     extent,
     parse_caption,
     parse_pan,
+    random_eval_prompts,
     render,
     sample_spec,
     trajectories,
@@ -58,10 +60,12 @@ __all__ = [
     "batch_sharding",
     "camera_velocity",
     "caption",
+    "categorise",
     "clip_at",
     "extent",
     "parse_caption",
     "parse_pan",
+    "random_eval_prompts",
     "render",
     "sample_spec",
     "shard_batch",

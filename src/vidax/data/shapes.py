@@ -525,7 +525,7 @@ def _clauses(text: str) -> list[str]:
 
 
 class EvalPrompt(NamedTuple):
-    """A fixed evaluation prompt: a category, its ground-truth spec and a sampling seed."""
+    """An evaluation prompt: a category, its ground-truth spec and a sampling seed."""
 
     name: str
     category: str
@@ -647,3 +647,49 @@ def _eval_prompts() -> tuple[EvalPrompt, ...]:
 
 
 EVAL_PROMPTS: tuple[EvalPrompt, ...] = _eval_prompts()
+
+
+# Third entropy word of the random evaluation stream. The training clips are
+# rng([seed, index]) (`vidax.data.clip_at`), which numpy seeds like rng([seed, index, 0]), so a
+# nonzero word keeps every random evaluation spec out of every training stream; a plain
+# rng(seed + i) would reproduce training clip (seed + i, 0).
+_RANDOM_STREAM = 0xE7A1
+
+
+def categorise(spec: ClipSpec) -> str:
+    """The evaluation category of a spec: "multi" (2-3 objects), else "pan" (one object under a
+    camera pan), else the object's motion: "static", "slow" or "fast".
+
+    The classes split the specs by what makes them hard (several objects, a moving camera,
+    speed) and reuse the fixed set's names; unlike the fixed set, they do not sort multi-object
+    clips by motion or pan, nor single out wall bounces.
+    """
+    if len(spec.objects) > 1:
+        return "multi"
+    if spec.pan != "none":
+        return "pan"
+    motion = spec.objects[0].motion
+    return "static" if motion == "still" else motion
+
+
+def random_eval_prompts(n: int, seed: int = 0) -> tuple[EvalPrompt, ...]:
+    """`n` fresh draws from the training distribution, as evaluation prompts.
+
+    Prompt i has spec `sample_spec(np.random.default_rng([seed, i, 0xE7A1]))` (the training
+    loader's defaults, a stream no training clip shares), category `categorise(spec)`, name
+    f"random-{seed}-{i}" and sampling seed `seed + i`. The same (n, seed) gives the same
+    prompts, and a larger n extends a smaller one.
+
+    Args:
+        n: number of prompts (>= 1).
+        seed: first seed of the range (>= 0).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    out = []
+    for i in range(n):
+        spec = sample_spec(np.random.default_rng([seed, i, _RANDOM_STREAM]))
+        out.append(EvalPrompt(f"random-{seed}-{i}", categorise(spec), spec, seed + i))
+    return tuple(out)

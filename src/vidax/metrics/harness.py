@@ -1,8 +1,11 @@
-"""The evaluation harness: fixed prompts x seeds -> generated videos -> metric table + contact sheet.
+"""The evaluation harness: prompts x seeds -> generated videos -> metric table + contact sheet.
 
     report = evaluate_prompts("tiny", seeds=2)
     print(format_table(report))
     write_report(report, "runs/eval")   # table.md, results.json, contact_sheet.png
+
+    fresh = evaluate_prompts("tiny", prompts=vidax.data.random_eval_prompts(8), label="random 8")
+    write_report([report, fresh], "runs/eval")   # both sets, each under its label
 
 Each (prompt, seed) video is exactly what `vidax generate --prompt <caption> --seed <seed>`
 renders, judged against its caption by `vidax.metrics.evaluate`. Optional reference rows
@@ -16,6 +19,7 @@ import dataclasses
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,7 @@ class Report:
             empty).
         settings: generation settings (frames, size, steps, guidance, shift, sampler).
         seconds: wall time of the generation and scoring.
+        label: names the prompt set in tables and results.json (e.g. "fixed"); "" for none.
     """
 
     model: str
@@ -67,18 +72,28 @@ class Report:
     references: dict[str, list[Sample]]
     settings: dict[str, Any]
     seconds: float
+    label: str = ""
 
     def summary(self) -> dict[str, Summary]:
         """Mean +- std of every metric over all samples."""
         return summarise(s.metrics for s in self.samples)
 
-    def by_category(self, metric: str = "caption_adherence") -> dict[str, Summary]:
-        """Mean +- std of one metric per prompt category."""
+    def by_category(
+        self, metric: str = "caption_adherence", reference: str | None = None
+    ) -> dict[str, Summary]:
+        """Mean +- std of one metric per prompt category, over the generated samples or, given
+        `reference` (a key of `references`), over that reference's samples."""
+        samples = self.samples if reference is None else self.references[reference]
         out = {}
-        for category in dict.fromkeys(s.prompt.category for s in self.samples):
-            rows = [s.metrics for s in self.samples if s.prompt.category == category]
+        for category in dict.fromkeys(s.prompt.category for s in samples):
+            rows = [s.metrics for s in samples if s.prompt.category == category]
             out[category] = summarise(rows)[metric]
         return out
+
+    @property
+    def prompts(self) -> list[EvalPrompt]:
+        """The evaluated prompts, in order, once each."""
+        return list({s.prompt.name: s.prompt for s in self.samples}.values())
 
     def shape_confusion(self) -> dict[str, dict[str, int]]:
         """{asked shape: {read shape or "missing": count}} over every caption object of every
@@ -108,20 +123,24 @@ def evaluate_prompts(
     vae=None,
     references: bool = False,
     on_sample: Callable[[int, int], None] | None = None,
+    label: str = "",
     **generate_kwargs,
 ) -> Report:
     """Generates every (prompt, seed) video with `vidax.pipeline.generate` and scores it.
 
     Args:
         model: preset name (its shipped weights unless `transformer`/`vae` are given).
-        prompts: the fixed prompt set (default `vidax.data.EVAL_PROMPTS`, 35 prompts).
+        prompts: the prompts (default the fixed set `vidax.data.EVAL_PROMPTS`, 35 prompts;
+            `vidax.data.random_eval_prompts` draws fresh ones).
         seeds: replicates per prompt; replicate k uses seed `prompt.seed + 100000 k`.
         transformer, vae: already-loaded models (default: the preset's shipped weights,
             loaded once).
         references: also score each prompt's rendered ground truth and its VAE round trip.
         on_sample: progress callback (done, total).
+        label: `Report.label`.
         generate_kwargs: overrides for `generate` (num_frames, height, width, steps, guidance,
-            shift, sampler).
+            shift, sampler). height and width also size the rendered references; they must be
+            >= 16 (the renderer) and fit the model's latent geometry.
 
     Returns:
         A `Report`.
@@ -131,13 +150,6 @@ def evaluate_prompts(
 
     spec = get(model)
     pairs = prompt_seeds(prompts, seeds)
-    start = time.perf_counter()
-    if transformer is None:
-        transformer = pipeline.load_transformer(spec, None)
-    if vae is None:
-        vae = pipeline.load_vae(spec, None)
-    if vae is None:
-        raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
     d = spec.defaults
     settings = {
         "num_frames": generate_kwargs.get("num_frames") or d.num_frames,
@@ -148,6 +160,21 @@ def evaluate_prompts(
         "shift": generate_kwargs.get("shift") or d.shift,
         "sampler": generate_kwargs.get("sampler") or d.sampler,
     }
+    # Checked before any weights load or video renders: a bad size fails in a second.
+    pipeline.geometry(spec).latent_shape(
+        settings["num_frames"], settings["height"], settings["width"]
+    )
+    if min(settings["height"], settings["width"]) < 16:
+        raise ValueError(
+            f"height and width must be >= 16, got {settings['height']}x{settings['width']}"
+        )
+    start = time.perf_counter()
+    if transformer is None:
+        transformer = pipeline.load_transformer(spec, None)
+    if vae is None:
+        vae = pipeline.load_vae(spec, None)
+    if vae is None:
+        raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
     samples = []
     for i, (prompt, seed) in enumerate(pairs):
         video = pipeline.generate(
@@ -159,7 +186,7 @@ def evaluate_prompts(
     refs: dict[str, list[Sample]] = {}
     if references:
         refs = _references(prompts, vae, settings)
-    return Report(model, samples, refs, settings, time.perf_counter() - start)
+    return Report(model, samples, refs, settings, time.perf_counter() - start, label)
 
 
 def _score(prompt: EvalPrompt, seed: int, frames: np.ndarray) -> Sample:
@@ -186,9 +213,15 @@ def _references(
 # ------------------------------------------------------------------------- reporting
 
 
-def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
+def format_table(report: Report | Sequence[Report], metrics: Sequence[str] = TABLE_METRICS) -> str:
     """Markdown tables: mean +- std of each metric for the generator and the references,
-    caption adherence per prompt category, and the generator's shape confusion."""
+    caption adherence per prompt category, and the generator's shape confusion.
+
+    A labelled report's tables follow a "## <label>: ..." heading (prompts, seeds, size,
+    frames). Several reports (prompt sets) give their tables in turn, and need distinct labels.
+    """
+    if not isinstance(report, Report):
+        return "\n\n".join(format_table(r, metrics) for r in _labelled(report))
     columns = {"generated": report.summary()}
     for name, rows in report.references.items():
         columns[name] = summarise(s.metrics for s in rows)
@@ -196,14 +229,22 @@ def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
         k: (len(report.samples) if k == "generated" else len(report.references[k])) for k in columns
     }
     head = "| metric | " + " | ".join(f"{k} (n={n[k]})" for k in columns) + " |"
-    lines = [head, "|---" * (len(columns) + 1) + "|"]
+    lines = [_heading(report), ""] if report.label else []
+    lines += [head, "|---" * (len(columns) + 1) + "|"]
     for metric in metrics:
         cells = [_cell(columns[k].get(metric)) for k in columns]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    lines += ["", "| category | caption_adherence | caption_motion_adherence |", "|---|---|---|"]
+    # Reference columns per category bound what the generator can reach in each one.
+    refs = {k: report.by_category(reference=k) for k in report.references}
+    head = "| category | prompts | caption_adherence | caption_motion_adherence | "
+    head += "".join(f"{k}: caption_adherence | " for k in refs)
+    lines += ["", head.rstrip(), "|---" * (4 + len(refs)) + "|"]
     motion = report.by_category("caption_motion_adherence")
+    prompts = Counter(p.category for p in report.prompts)
     for category, summary in report.by_category("caption_adherence").items():
-        lines.append(f"| {category} | {_cell(summary)} | {_cell(motion[category])} |")
+        cells = [str(prompts[category]), _cell(summary), _cell(motion[category])]
+        cells += [_cell(by.get(category)) for by in refs.values()]
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
     confusion = report.shape_confusion()
     read_as = (*SHAPES, "missing")
     head = "| asked shape, read as: | " + " | ".join(read_as) + " |"
@@ -211,6 +252,28 @@ def format_table(report: Report, metrics: Sequence[str] = TABLE_METRICS) -> str:
     for asked, row in confusion.items():
         lines.append(f"| {asked} | " + " | ".join(str(row[r]) for r in read_as) + " |")
     return "\n".join(lines)
+
+
+def _labelled(reports: Sequence[Report]) -> Sequence[Report]:
+    labels = [r.label for r in reports]
+    if not reports or (len(reports) > 1 and ("" in labels or len(set(labels)) < len(labels))):
+        raise ValueError(f"need one report, or several with distinct labels, got {labels}")
+    return reports
+
+
+def _heading(report: Report) -> str:
+    prompts, seeds = len(report.prompts), len(report.samples) // len(report.prompts)
+    text = f"## {report.label}: {_count(prompts, 'prompt')} x {_count(seeds, 'seed')}"
+    settings = report.settings
+    if "height" in settings and "width" in settings:
+        text += f", {settings['height']}x{settings['width']}"
+    if "num_frames" in settings:
+        text += f", {settings['num_frames']} frames"
+    return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _cell(summary: Summary | None) -> str:
@@ -267,10 +330,16 @@ def contact_sheet(
     return np.asarray(image)
 
 
-def write_report(report: Report, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes table.md, results.json (every sample's metrics) and contact_sheet.png."""
+def write_report(report: Report | Sequence[Report], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes table.md, results.json (every sample's metrics) and contact_sheet.png.
+
+    One report gives one record in results.json: model, label, settings, seconds, summary,
+    by_category, samples, references. Several reports (prompt sets with distinct labels) give
+    {"sets": [record, ...]}, their tables in turn and their contact sheets stacked.
+    """
     import imageio.v3 as iio
 
+    reports = [report] if isinstance(report, Report) else _labelled(report)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -279,20 +348,51 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> dict[str, Path]:
         "contact_sheet": out / "contact_sheet.png",
     }
     paths["table"].write_text(format_table(report) + "\n")
-    record = {
+    records = [_record(r) for r in reports]
+    results = records[0] if isinstance(report, Report) else {"sets": records}
+    paths["results"].write_text(json.dumps(results, indent=1, default=float) + "\n")
+    iio.imwrite(paths["contact_sheet"], _stack([contact_sheet(r) for r in reports]))
+    return paths
+
+
+def _record(report: Report) -> dict[str, Any]:
+    """One report as plain JSON data."""
+    sources = {"generated": None, **{k: k for k in report.references}}
+    by_category = {
+        name: {
+            m: {c: v._asdict() for c, v in report.by_category(m, reference=ref).items()}
+            for m in ("caption_adherence", "caption_motion_adherence")
+        }
+        for name, ref in sources.items()
+    }
+    return {
         "model": report.model,
+        "label": report.label,
         "settings": report.settings,
         "seconds": report.seconds,
         "summary": {k: v._asdict() for k, v in report.summary().items()},
+        "by_category": by_category,
         "samples": [
-            {"prompt": s.prompt.name, "caption": s.prompt.caption, "seed": s.seed, **s.metrics}
+            {
+                "prompt": s.prompt.name,
+                "category": s.prompt.category,
+                "caption": s.prompt.caption,
+                "seed": s.seed,
+                **s.metrics,
+            }
             for s in report.samples
         ],
         "references": {
-            k: [{"prompt": s.prompt.name, **s.metrics} for s in v]
+            k: [{"prompt": s.prompt.name, "category": s.prompt.category, **s.metrics} for s in v]
             for k, v in report.references.items()
         },
     }
-    paths["results"].write_text(json.dumps(record, indent=1, default=float) + "\n")
-    iio.imwrite(paths["contact_sheet"], contact_sheet(report))
-    return paths
+
+
+def _stack(sheets: Sequence[np.ndarray]) -> np.ndarray:
+    """Contact sheets one above the other, narrower ones padded with the sheets' background."""
+    width = max(s.shape[1] for s in sheets)
+    padded = [
+        np.pad(s, ((0, 0), (0, width - s.shape[1]), (0, 0)), constant_values=24) for s in sheets
+    ]
+    return np.concatenate(padded, axis=0)

@@ -225,34 +225,78 @@ def evaluate(
     references: Annotated[
         bool, typer.Option(help="Also score ground truth and its VAE round trip.")
     ] = True,
+    random: Annotated[
+        int, typer.Option(help="Also score N fresh draws from the training distribution (0: off).")
+    ] = 0,
+    seed: Annotated[
+        int, typer.Option(help="First seed of the --random draws (vidax.data.random_eval_prompts).")
+    ] = 0,
+    height: Annotated[
+        int | None, typer.Option(help="Render and generate at this height (default: the model's).")
+    ] = None,
+    width: Annotated[
+        int | None, typer.Option(help="Render and generate at this width (default: the model's).")
+    ] = None,
+    fixed: Annotated[bool, typer.Option(help="Score the fixed prompt set.")] = True,
 ) -> None:
-    """Score a model on the fixed prompt set: metric table (mean ± std) and a contact sheet."""
-    from vidax.data import EVAL_PROMPTS
+    """Score a model on the fixed prompt set and/or fresh random prompts: metric tables
+    (mean ± std, per category, with reference rows) and a contact sheet."""
+    from vidax import pipeline
+    from vidax.data import EVAL_PROMPTS, random_eval_prompts
     from vidax.metrics.harness import evaluate_prompts, format_table, write_report
+    from vidax.models.registry import get
 
     if limit is not None and not 1 <= limit <= len(EVAL_PROMPTS):
         raise ValueError(f"--limit must be in [1, {len(EVAL_PROMPTS)}], got {limit}")
-    transformer = vae = None
+    if random < 0 or seed < 0:
+        raise ValueError(f"--random and --seed must be >= 0, got {random}, {seed}")
+    if not fixed and random == 0:
+        raise ValueError("nothing to score: --no-fixed needs --random N with N >= 1")
+    for name, size in (("--height", height), ("--width", width)):
+        if size is not None and size < 16:
+            raise ValueError(f"{name} must be >= 16, got {size}")
+    spec = get(model)
+    d = spec.defaults
+    # Fails on a size or frame count the model cannot take before any weights load.
+    pipeline.geometry(spec).latent_shape(
+        frames or d.num_frames, height or d.height, width or d.width
+    )
+    sets = [("fixed", EVAL_PROMPTS[:limit])] if fixed else []
+    if random:
+        sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
     if weights is not None:
         transformer, vae = load_weights(model, weights)
-    report = evaluate_prompts(
-        model,
-        prompts=EVAL_PROMPTS[:limit],
-        seeds=seeds,
-        transformer=transformer,
-        vae=vae,
-        references=references,
-        on_sample=lambda i, n: typer.echo(f"\r{i}/{n} videos", nl=False, err=True),
-        steps=steps,
-        guidance=guidance,
-        shift=shift,
-        num_frames=frames,
-    )
-    typer.echo("", err=True)
+    else:  # loaded once for every set
+        transformer, vae = pipeline.load_transformer(spec, None), pipeline.load_vae(spec, None)
+    reports = []
+    for label, prompts in sets:
+        reports.append(
+            evaluate_prompts(
+                model,
+                prompts=prompts,
+                seeds=seeds,
+                transformer=transformer,
+                vae=vae,
+                references=references,
+                on_sample=lambda i, n, label=label: typer.echo(
+                    f"\r{label}: {i}/{n} videos", nl=False, err=True
+                ),
+                label=label,
+                steps=steps,
+                guidance=guidance,
+                shift=shift,
+                num_frames=frames,
+                height=height,
+                width=width,
+            )
+        )
+        typer.echo("", err=True)
+    report = reports[0] if len(reports) == 1 else reports
     paths = write_report(report, out)
     typer.echo(format_table(report))
     typer.echo(
-        f"{len(report.samples)} videos in {report.seconds:.0f}s; wrote {paths['table']}, "
+        f"{sum(len(r.samples) for r in reports)} videos in "
+        f"{sum(r.seconds for r in reports):.0f}s; wrote {paths['table']}, "
         f"{paths['results']}, {paths['contact_sheet']}"
     )
 
