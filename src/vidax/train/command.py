@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
     train_app.command("vae")(train_vae)
     train_app.command("dit")(train_dit)
     train_app.command("export")(export)
+    train_app.command("all")(train_all)
     app.add_typer(train_app, name="train")
     app.command("eval")(evaluate)
 
@@ -163,6 +164,38 @@ def train_dit(
     )
     run_stage(run_dir, vae_run, config, mesh=_mesh(data_parallel))
     typer.echo(f"wrote {run_dir / TRANSFORMER_FILE}")
+
+
+def train_all(
+    out: Annotated[Path, typer.Option(help="Weights, latent stats, log and summary.")] = Path(
+        "runs/tiny-v2"
+    ),
+    profile: Annotated[str, typer.Option(help="Recipe profile: h200 or smoke.")] = "h200",
+    vae_seconds: Annotated[
+        float | None, typer.Option(help="Wall-clock budget of the VAE steps.")
+    ] = None,
+    dit_seconds: Annotated[
+        float | None, typer.Option(help="Wall-clock budget of the DiT steps.")
+    ] = None,
+    batch_scale: Annotated[
+        float | None, typer.Option(help="Multiply every bucket's batch size.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
+) -> None:
+    """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
+    from vidax.train.recipe import get_profile
+    from vidax.train.recipe import train_all as run_recipe
+
+    run_recipe(
+        out,
+        get_profile(
+            profile,
+            vae_seconds=vae_seconds,
+            dit_seconds=dit_seconds,
+            batch_scale=batch_scale,
+            seed=seed,
+        ),
+    )
 
 
 def export(

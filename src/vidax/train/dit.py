@@ -216,7 +216,11 @@ def build_cache(
                 video = np.stack([frames_ for _, frames_ in rows])
                 latents.append(np.asarray(encode(vae, jnp.asarray(video)), np.float32))
                 masks.append(
-                    latent_object_mask(video, vae.config.temporal_factor, vae.config.spatial_factor)
+                    np.asarray(
+                        latent_object_mask(
+                            video, vae.config.temporal_factor, vae.config.spatial_factor
+                        )
+                    )
                 )
                 captions += [_caption(spec) for spec, _ in rows]
             tmp = out.with_suffix(".tmp.npz")
@@ -249,13 +253,14 @@ def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.nda
             f"video of {frames} frames of {height}x{width} does not fit a VAE with temporal "
             f"factor {temporal} and spatial factor {spatial}"
         )
-    pixels = np.asarray(object_mask(jnp.asarray(video)))[..., 0] > 0
+    # jnp throughout: the on-device recipe (`vidax.train.recipe`) calls this under jit.
+    pixels = object_mask(jnp.asarray(video))[..., 0] > 0
     first, rest = pixels[:, :1], pixels[:, 1:]
     rest = rest.reshape(n, (frames - 1) // temporal, temporal, height, width).any(axis=2)
-    grid = np.concatenate([first, rest], axis=1)
+    grid = jnp.concatenate([first, rest], axis=1)
     t = grid.shape[1]
     grid = grid.reshape(n, t, height // spatial, spatial, width // spatial, spatial)
-    return grid.any(axis=(3, 5))[..., None].astype(np.uint8)
+    return grid.any(axis=(3, 5))[..., None].astype(jnp.uint8)
 
 
 def _caption(spec) -> str:
@@ -403,7 +408,12 @@ def build_model(config: DiTStageConfig) -> nnx.Module:
     spec = config.spec
     if config.init is not None:
         return spec.loader(config.init, spec.config)
-    model = spec.build(seed=config.seed)
+    return adaln_zero(spec.build(seed=config.seed))
+
+
+def adaln_zero(model: nnx.Module) -> nnx.Module:
+    """Zeroes a `WanTransformer`'s modulation and output projections in place (see
+    `build_model`); returns it."""
     for layer in (model.time_proj, model.proj_out):
         layer.kernel[...] = jnp.zeros_like(layer.kernel[...])
     return model

@@ -1,0 +1,668 @@
+"""One recipe that trains the whole `tiny` model on one accelerator: `vidax train all`.
+
+The CPU stages (`vidax.train.vae`, `vidax.train.dit`) read clips from a host loader and a
+latent cache. On a GPU that would starve the chip, so here every step draws its own clips on
+the device (`vidax.data.scene_render`: fresh random scenes, never the same clip twice), encodes them
+with the (frozen) VAE and trains on them, all inside one compiled program per clip shape:
+
+1. **VAE**: fine-tunes the shipped `shapes` VAE (or trains a fresh one) on whole frames of
+   several sizes and lengths; then measures its latent statistics on fresh clips.
+2. **DiT + text encoder**: a Wan DiT and a `WordEncoder` trained together with flow matching
+   on clips of 1 (images), 9, 17 and 33 frames at 32-64 px, including a non-square size, so
+   DVG's reduced grids are in distribution.
+
+Each stage runs for a wall-clock budget, not a step count: it compiles every bucket first
+(in parallel), measures the step rate on the first steps and then fixes the cosine schedule's
+length to what fits the budget. Bucket programs take the learning rate as an argument, so the
+schedule never recompiles. EMA weights are written to `out` every `checkpoint_seconds`
+(bf16 safetensors for the DiT and the text encoder), so a run cut off early still yields a
+usable model.
+
+    vidax train all --profile h200 --out runs/tiny-v2      # ~9 min on one H200
+    vidax train all --profile smoke --out /tmp/smoke       # seconds of steps on a CPU
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from vidax.data import scene_render
+from vidax.models import wan_vae
+from vidax.models.registry import ModelSpec, get
+from vidax.models.wan import WanTransformer
+from vidax.pipeline import ASSETS
+from vidax.text.encoder import WordEncoder
+from vidax.text.hashed import HashedTextEmbedder
+from vidax.train.dit import DiTStageConfig, adaln_zero, dit_loss, latent_object_mask
+from vidax.train.flow import SigmaSampler
+from vidax.train.optim import OptimConfig, ema_update, make_optimizer
+from vidax.train.vae import VAEStageConfig, build_vae, cpu_friendly_convs, moments, vae_loss
+
+TRANSFORMER_FILE = "transformer.safetensors"
+TEXT_ENCODER_FILE = "text_encoder.safetensors"
+VAE_FILE = "vae.safetensors"
+STATS_FILE = "latent_stats.json"
+LOG_FILE = "log.jsonl"
+SUMMARY_FILE = "recipe.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bucket:
+    """One clip shape a stage trains on: a compiled program of its own.
+
+    Attributes:
+        frames: clip length (1 + 4k; 1 is an image).
+        height, width: pixels (multiples of 8: the VAE's 4x and the patch's 2x).
+        batch: clips per step.
+        weight: share of the stage's steps (relative to the other buckets).
+    """
+
+    frames: int
+    height: int
+    width: int
+    batch: int
+    weight: float = 1.0
+
+    def __post_init__(self):
+        if self.frames < 1 or (self.frames - 1) % 4:
+            raise ValueError(f"Bucket.frames must be 1 + 4k, got {self.frames}")
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value < 16 or value % 8:
+                raise ValueError(f"Bucket.{name} must be a multiple of 8 >= 16, got {value}")
+        if self.batch < 1 or not self.weight > 0:
+            raise ValueError(f"Bucket needs batch >= 1 and weight > 0, got {self}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.frames}x{self.height}x{self.width}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageSettings:
+    """How one stage trains.
+
+    Attributes:
+        buckets: clip shapes, visited in a fixed weighted round robin.
+        seconds: wall-clock budget of the steps (after compilation).
+        max_steps: upper bound on the steps (the budget usually decides).
+        lr, warmup, min_lr_ratio: peak learning rate, linear warm-up steps, cosine floor.
+        weight_decay, ema_decay: AdamW decay (rank >= 2 parameters) and weight EMA.
+        calibration_steps: steps timed before the schedule's length is fixed.
+    """
+
+    buckets: tuple[Bucket, ...]
+    seconds: float
+    max_steps: int
+    lr: float
+    warmup: int
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    ema_decay: float = 0.999
+    calibration_steps: int = 40
+
+    def __post_init__(self):
+        if not self.buckets:
+            raise ValueError("a stage needs at least one bucket")
+        if not self.seconds > 0 or self.max_steps < 1:
+            raise ValueError(f"need seconds > 0 and max_steps >= 1, got {self}")
+        if not self.lr > 0 or self.warmup < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"bad learning-rate settings: {self}")
+        if not 0 <= self.ema_decay < 1 or self.calibration_steps < 1:
+            raise ValueError(f"need 0 <= ema_decay < 1 and calibration_steps >= 1: {self}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Profile:
+    """A whole recipe: the model, the dtypes and both stages.
+
+    Attributes:
+        name: profile name (`PROFILES`).
+        model: registry preset trained (a Wan DiT with a `text_config` and a VAE).
+        dtype: compute dtype of the DiT and text encoder (parameters stay float32).
+        vae_init: VAE weights to fine-tune (default: the shipped `tiny` VAE), or None to
+            train one from scratch.
+        vae, dit: the two stages.
+        stats_clips: fresh 33-frame 64x64 clips the latent statistics are measured on.
+        checkpoint_seconds: write the EMA weights at least this often.
+        log_every: steps between log lines.
+        seed: seed of data, init and noise.
+    """
+
+    name: str
+    model: str = "tiny-v2"
+    dtype: str = "bfloat16"
+    vae_init: str | None = str(ASSETS / "tiny" / VAE_FILE)
+    vae: StageSettings
+    dit: StageSettings
+    stats_clips: int = 256
+    checkpoint_seconds: float = 120.0
+    log_every: int = 100
+    seed: int = 0
+    object_weight: float = 4.0
+
+    def __post_init__(self):
+        spec = get(self.model)
+        if spec.family != "wan" or spec.text_config is None or spec.vae is None:
+            raise ValueError(
+                f"model {self.model!r} must be a Wan preset with a VAE and a trained text "
+                "encoder (text_config) to train with this recipe"
+            )
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if self.stats_clips < 8 or not self.checkpoint_seconds > 0 or self.log_every < 1:
+            raise ValueError(f"bad profile settings: {self}")
+        if self.vae_init is not None and not Path(self.vae_init).is_file():
+            raise FileNotFoundError(f"VAE weights to fine-tune not found: {self.vae_init}")
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get(self.model)
+
+
+PROFILES: dict[str, Profile] = {
+    # One H200, ~9 minutes including compilation. Token counts per step are kept within ~2x
+    # of each other so every bucket's step costs about the same; 33-frame 64x64 clips (what
+    # `vidax generate` makes by default) get the largest share.
+    "h200": Profile(
+        name="h200",
+        vae=StageSettings(
+            buckets=(
+                Bucket(frames=1, height=64, width=64, batch=64, weight=1),
+                Bucket(frames=9, height=64, width=64, batch=24, weight=2),
+                Bucket(frames=33, height=64, width=64, batch=8, weight=2),
+                Bucket(frames=17, height=48, width=64, batch=16, weight=1),
+                Bucket(frames=33, height=32, width=32, batch=24, weight=1),
+            ),
+            seconds=100.0,
+            max_steps=100_000,
+            lr=3e-4,
+            warmup=50,
+            ema_decay=0.995,
+            weight_decay=1e-4,
+        ),
+        dit=StageSettings(
+            buckets=(
+                Bucket(frames=1, height=64, width=64, batch=256, weight=2),
+                Bucket(frames=1, height=32, width=32, batch=512, weight=1),
+                Bucket(frames=9, height=64, width=64, batch=96, weight=1),
+                Bucket(frames=9, height=48, width=48, batch=160, weight=1),
+                Bucket(frames=17, height=32, width=32, batch=256, weight=1),
+                Bucket(frames=17, height=48, width=64, batch=96, weight=2),
+                Bucket(frames=33, height=32, width=32, batch=128, weight=1),
+                Bucket(frames=33, height=48, width=48, batch=64, weight=1),
+                Bucket(frames=33, height=64, width=64, batch=48, weight=6),
+            ),
+            seconds=330.0,
+            max_steps=1_000_000,
+            lr=6e-4,
+            warmup=300,
+            ema_decay=0.999,
+        ),
+    ),
+    # A few steps of each stage at toy batch sizes: the code path of "h200" on a CPU
+    # (the test suite runs it) or a first look at a new accelerator.
+    "smoke": Profile(
+        name="smoke",
+        dtype="float32",
+        vae=StageSettings(
+            buckets=(Bucket(frames=5, height=16, width=24, batch=1),),
+            seconds=600.0,
+            max_steps=3,
+            lr=3e-4,
+            warmup=1,
+            calibration_steps=2,
+        ),
+        dit=StageSettings(
+            buckets=(
+                Bucket(frames=1, height=32, width=32, batch=2),
+                Bucket(frames=9, height=16, width=24, batch=2),
+            ),
+            seconds=600.0,
+            max_steps=4,
+            lr=6e-4,
+            warmup=1,
+            calibration_steps=2,
+        ),
+        stats_clips=8,
+        log_every=1,
+    ),
+}
+
+
+def get_profile(
+    name: str,
+    *,
+    vae_seconds: float | None = None,
+    dit_seconds: float | None = None,
+    batch_scale: float | None = None,
+    seed: int | None = None,
+) -> Profile:
+    """The profile `name`, with stage budgets, batch sizes (scaled, at least 1) or the seed
+    changed where given; a clear error lists the known profiles."""
+    try:
+        profile = PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}"
+        ) from None
+    if batch_scale is not None and not batch_scale > 0:
+        raise ValueError(f"batch scale must be positive, got {batch_scale}")
+
+    def stage(settings: StageSettings, seconds: float | None) -> StageSettings:
+        buckets = settings.buckets
+        if batch_scale is not None:
+            buckets = tuple(
+                dataclasses.replace(b, batch=max(1, round(b.batch * batch_scale))) for b in buckets
+            )
+        seconds = settings.seconds if seconds is None else seconds
+        return dataclasses.replace(settings, buckets=buckets, seconds=seconds)
+
+    return dataclasses.replace(
+        profile,
+        vae=stage(profile.vae, vae_seconds),
+        dit=stage(profile.dit, dit_seconds),
+        seed=profile.seed if seed is None else seed,
+    )
+
+
+# ------------------------------------------------------------------------- the timed loop
+
+
+def round_robin(buckets: Sequence[Bucket]) -> list[int]:
+    """One cycle of bucket indices, each appearing `weight` times (weights rounded to
+    integers >= 1), spread evenly (smooth weighted round robin)."""
+    weights = [max(1, round(b.weight)) for b in buckets]
+    current = [0] * len(weights)
+    order = []
+    for _ in range(sum(weights)):
+        current = [c + w for c, w in zip(current, weights, strict=True)]
+        i = max(range(len(weights)), key=lambda j: current[j])
+        current[i] -= sum(weights)
+        order.append(i)
+    return order
+
+
+def lr_at(step: int, total: int, settings: StageSettings) -> float:
+    """Linear warm-up to `lr`, then cosine decay to `min_lr_ratio * lr` at `total`."""
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    span = max(total - settings.warmup, 1)
+    progress = min((step - settings.warmup) / span, 1.0)
+    floor = settings.min_lr_ratio
+    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_train_step(
+    loss_fn: Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]],
+    optimizer: optax.GradientTransformation,
+    ema_decay: float,
+) -> Callable:
+    """`(state, frozen, key, lr) -> (state, metrics)`: AdamW at learning rate `lr` (the
+    optimizer is built at lr 1 and its update scaled, which for AdamW's decoupled decay is
+    the same as building it at `lr`), then the EMA."""
+
+    def step(state, frozen, key, lr):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], frozen, key
+        )
+        updates, opt = optimizer.update(grads, state["opt"], state["params"])
+        updates = jax.tree.map(lambda u: (lr * u).astype(u.dtype), updates)
+        params = optax.apply_updates(state["params"], updates)
+        ema = ema_update(state["ema"], params, state["step"], ema_decay)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return {"params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}, metrics
+
+    return step
+
+
+def compile_buckets(step_fns: Sequence[Callable], state, frozen, log) -> list[Callable]:
+    """Lowers every bucket's step in turn, then compiles them in parallel threads (XLA
+    compiles outside the GIL): compile time is the longest program's, not the sum."""
+    started = time.perf_counter()
+    key = jax.random.key(0)
+    lr = jnp.float32(0.0)
+    lowered = [jax.jit(f, donate_argnums=0).lower(state, frozen, key, lr) for f in step_fns]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+        compiled = list(pool.map(lambda low: low.compile(), lowered))
+    log(f"compiled {len(compiled)} programs in {time.perf_counter() - started:.1f}s")
+    return compiled
+
+
+def run_stage(
+    name: str,
+    settings: StageSettings,
+    compiled: Sequence[Callable],
+    state: dict,
+    frozen: Any,
+    *,
+    seed: int,
+    log_every: int,
+    checkpoint_seconds: float,
+    save: Callable[[dict, int], None],
+    log: Callable[[str], None],
+    write_log: Callable[[dict], None],
+) -> tuple[dict, dict]:
+    """Runs a stage for `settings.seconds` (or `max_steps`); returns (state, summary).
+
+    The first `calibration_steps` run at the warm-up learning rate and are timed; the
+    schedule's total is then the steps that fit the remaining budget at that rate.
+    """
+    order = round_robin(settings.buckets)
+    base = jax.random.key(seed)
+    total = settings.max_steps
+    started = time.perf_counter()
+    last_save = started
+    step = 0
+    metrics = None
+    per_bucket: dict[str, list[float]] = {}
+    calibrated = False
+    while step < total:
+        bucket = order[step % len(order)]
+        lr = jnp.float32(lr_at(step, total, settings))
+        state, metrics = compiled[bucket](state, frozen, jax.random.fold_in(base, step), lr)
+        step += 1
+        if not calibrated and step == min(settings.calibration_steps, total):
+            jax.block_until_ready(metrics)
+            elapsed = time.perf_counter() - started
+            rate = elapsed / step
+            fits = step + int((settings.seconds - elapsed) / rate)
+            total = max(step, min(settings.max_steps, fits))
+            calibrated = True
+            log(f"{name}: {rate * 1e3:.1f} ms/step over {step} steps -> {total} steps")
+        if step % log_every == 0 or step == total:
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.perf_counter()
+            record = {
+                "stage": name,
+                "step": step,
+                "total": total,
+                "bucket": settings.buckets[bucket].name,
+                "lr": float(lr),
+                "seconds": round(now - started, 2),
+                **values,
+            }
+            write_log(record)
+            per_bucket.setdefault(settings.buckets[bucket].name, []).append(values["loss"])
+            log(
+                f"{name} {step}/{total} [{settings.buckets[bucket].name}] "
+                f"loss {values['loss']:.4f} lr {float(lr):.2e} {now - started:.0f}s"
+            )
+            if not math.isfinite(values["loss"]):
+                raise FloatingPointError(f"{name}: non-finite loss at step {step}")
+            if now - last_save >= checkpoint_seconds:
+                save(state, step)
+                last_save = time.perf_counter()
+            if now - started > settings.seconds * 1.05 + 5:  # the estimate was optimistic
+                log(f"{name}: out of time at step {step} of {total}")
+                break
+    jax.block_until_ready(state)
+    seconds = time.perf_counter() - started
+    save(state, step)
+    return state, {
+        "steps": step,
+        "seconds": round(seconds, 1),
+        "ms_per_step": round(1e3 * seconds / max(step, 1), 2),
+        "final_loss": None if metrics is None else float(jax.device_get(metrics)["loss"]),
+    }
+
+
+# ------------------------------------------------------------------------- the stages
+
+
+def _state(params, optimizer) -> dict:
+    return {
+        "params": params,
+        "opt": optimizer.init(params),
+        "ema": jax.tree.map(jnp.copy, params),
+        "step": jnp.zeros((), jnp.int32),
+    }
+
+
+def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
+    return make_optimizer(
+        OptimConfig(lr=1.0, warmup=0, weight_decay=settings.weight_decay, ema_decay=0.0)
+    )
+
+
+def _on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def _convs():
+    """3D convolutions as sums of 2D ones on CPU (see `cpu_friendly_convs`), native elsewhere."""
+    return cpu_friendly_convs() if _on_cpu() else contextlib.nullcontext()
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_vae.WanVAE, dict]:
+    """Stage 1; returns the EMA VAE with its measured latent statistics, and a summary."""
+    spec = profile.spec
+    stage_config = VAEStageConfig(vae=spec.vae, crop=0, seed=profile.seed)
+    if profile.vae_init is not None:
+        vae = wan_vae.load(profile.vae_init, stage_config.model_config)
+        log(f"vae: fine-tuning {profile.vae_init}")
+    else:
+        vae = build_vae(stage_config)
+    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)
+    settings = profile.vae
+    optimizer = _optimizer(settings)
+
+    def loss_for(bucket: Bucket):
+        def loss_fn(params, frozen, key):
+            del frozen
+            k_scene, k_post = jax.random.split(key)
+            scenes = scene_render.sample_scenes(k_scene, bucket.batch)
+            video = scene_render.render(scenes, bucket.frames, bucket.height, bucket.width)
+            return vae_loss(nnx.merge(graphdef, params, rest), video, k_post, stage_config)
+
+        return make_train_step(loss_fn, optimizer, settings.ema_decay)
+
+    state = _state(params, optimizer)
+
+    def save(state, step):
+        model = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
+        _write_atomic(out / VAE_FILE, lambda p: wan_vae.save(model, p))
+        log(f"vae: saved EMA weights at step {step}")
+
+    with _convs():
+        compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, None, log)
+        state, summary = run_stage(
+            "vae",
+            settings,
+            compiled,
+            state,
+            None,
+            seed=profile.seed,
+            log_every=profile.log_every,
+            checkpoint_seconds=profile.checkpoint_seconds,
+            save=save,
+            log=log,
+            write_log=write_log,
+        )
+        ema = nnx.merge(graphdef, state["ema"], rest)
+        mean, std = measure_latent_stats(ema, profile.stats_clips, seed=profile.seed + 1)
+    stats = {"mean": mean, "std": std}
+    (out / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
+    log(f"vae: latent stats {stats}")
+    config = dataclasses.replace(
+        wan_vae.PRESETS[spec.vae], latents_mean=tuple(mean), latents_std=tuple(std)
+    )
+    normalised = wan_vae.WanVAE(config, rngs=nnx.Rngs(0))
+    nnx.update(normalised, nnx.state(ema))
+    return normalised, {**summary, "latent_stats": stats}
+
+
+def measure_latent_stats(
+    vae: wan_vae.WanVAE, clips: int, *, seed: int, batch: int = 64
+) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the raw posterior means of `clips` fresh 33-frame 64x64
+    clips drawn on the device (rounded to 4 decimals: they are pasted into the VAE preset)."""
+    graphdef, state = nnx.split(vae)
+    batch = min(batch, clips)
+
+    @jax.jit
+    def encode(state, key):
+        scenes = scene_render.sample_scenes(key, batch)
+        video = scene_render.render(scenes, 33, 64, 64)
+        mu = moments(nnx.merge(graphdef, state), video)[0].astype(jnp.float32)
+        mu = mu.reshape(-1, mu.shape[-1])
+        return mu.sum(0), jnp.square(mu).sum(0), jnp.float32(mu.shape[0])
+
+    total, squares, count = 0.0, 0.0, 0
+    for i in range(-(-clips // batch)):
+        s, q, n = encode(state, jax.random.fold_in(jax.random.key(seed), i))
+        total = total + np.asarray(s, np.float64)
+        squares, count = squares + np.asarray(q, np.float64), count + float(n)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    return [round(float(v), 4) for v in mean], [round(float(v), 4) for v in std]
+
+
+def train_dit_stage(
+    profile: Profile, vae: wan_vae.WanVAE, out: Path, log, write_log
+) -> tuple[nnx.Module, nnx.Module, dict]:
+    """Stage 2: the DiT and the text encoder on latents of the (frozen) VAE."""
+    spec = profile.spec
+    settings = profile.dit
+    dtype = dict(dtype=profile.dtype, param_dtype="float32")
+    dit_config = dataclasses.replace(spec.config, **dtype)
+    text_config = dataclasses.replace(spec.text_config, **dtype)
+    rngs = nnx.Rngs(profile.seed)
+    dit = adaln_zero(WanTransformer(dit_config, rngs=rngs))
+    text = WordEncoder(text_config, rngs=rngs)
+    dit_graph, dit_params, dit_rest = nnx.split(dit, nnx.Param, ...)
+    text_graph, text_params, text_rest = nnx.split(text, nnx.Param, ...)
+    vae_graph, vae_state = nnx.split(vae)
+    embedder = HashedTextEmbedder(dim=text_config.in_dim, text_len=text_config.text_len)
+    loss_config = DiTStageConfig(
+        model=profile.model,
+        cfg_dropout=0.1,
+        object_weight=profile.object_weight,
+        sigma=SigmaSampler(mean=0.0, std=1.0, shift=3.0),
+    )
+    optimizer = _optimizer(settings)
+    tf, sf = vae.config.temporal_factor, vae.config.spatial_factor
+
+    def loss_for(bucket: Bucket):
+        def loss_fn(params, frozen, key):
+            k_scene, k_loss = jax.random.split(key)
+            scenes = scene_render.sample_scenes(k_scene, bucket.batch)
+            video = scene_render.render(scenes, bucket.frames, bucket.height, bucket.width)
+            encoder = nnx.merge(vae_graph, frozen)
+            latents = encoder.normalize(moments(encoder, video)[0]).astype(jnp.float32)
+            objects = latent_object_mask(video, tf, sf).astype(jnp.float32)
+            words, mask = scene_render.caption_embeddings(scenes, embedder)
+            context = nnx.merge(text_graph, params["text"], text_rest)(words, mask)
+            batch = {
+                "latents": jax.lax.stop_gradient(latents),
+                "objects": objects,
+                "context": context,
+            }
+            model = nnx.merge(dit_graph, params["dit"], dit_rest)
+            return dit_loss(model, batch, k_loss, loss_config)
+
+        return make_train_step(loss_fn, optimizer, settings.ema_decay)
+
+    state = _state({"dit": dit_params, "text": text_params}, optimizer)
+
+    def models(state):
+        ema = jax.device_get(state["ema"])
+        return (
+            nnx.merge(dit_graph, ema["dit"], dit_rest),
+            nnx.merge(text_graph, ema["text"], text_rest),
+        )
+
+    def save(state, step):
+        from vidax.checkpoint import save_model
+        from vidax.models.wan import key_map
+        from vidax.text import encoder as word_encoder
+
+        dit_ema, text_ema = models(state)
+        meta = {"step": str(step), "profile": profile.name}
+        _write_atomic(
+            out / TRANSFORMER_FILE,
+            lambda p: save_model(
+                dit_ema, p, key_map(dit_config), dtype=jnp.bfloat16, metadata=meta
+            ),
+        )
+        _write_atomic(
+            out / TEXT_ENCODER_FILE,
+            lambda p: word_encoder.save(text_ema, p, dtype=jnp.bfloat16, metadata=meta),
+        )
+        log(f"dit: saved EMA weights at step {step}")
+
+    with _convs():
+        compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, vae_state, log)
+    state, summary = run_stage(
+        "dit",
+        settings,
+        compiled,
+        state,
+        vae_state,
+        seed=profile.seed + 2,
+        log_every=profile.log_every,
+        checkpoint_seconds=profile.checkpoint_seconds,
+        save=save,
+        log=log,
+        write_log=write_log,
+    )
+    dit_ema, text_ema = models(state)
+    return dit_ema, text_ema, summary
+
+
+def train_all(
+    out: str | os.PathLike,
+    profile: Profile,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Runs both stages into `out`; returns (and writes to `recipe.json`) the run's summary.
+
+    Writes `vae.safetensors` + `latent_stats.json` after stage 1, then `transformer.safetensors`
+    and `text_encoder.safetensors` (bf16 EMA weights) at least every `checkpoint_seconds`
+    during stage 2, `log.jsonl` throughout.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    log = log or (lambda line: print(f"[{time.perf_counter() - started:6.1f}s] {line}", flush=True))
+    log_path = out / LOG_FILE
+    log_path.write_text("")
+
+    def write_log(record: dict) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    log(f"profile {profile.name} on {jax.devices()[0].device_kind} (jax {jax.__version__})")
+    summary: dict[str, Any] = {
+        "profile": dataclasses.asdict(profile),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+    }
+    vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
+    _, _, summary["dit"] = train_dit_stage(profile, vae, out, log, write_log)
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    log(f"done in {summary['seconds']}s: wrote {out}")
+    return summary

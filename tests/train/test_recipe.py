@@ -1,0 +1,122 @@
+"""`vidax train all`: the on-device recipe's schedule, profiles and a smoke run on CPU."""
+
+import dataclasses
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from vidax.train.recipe import (
+    PROFILES,
+    Bucket,
+    StageSettings,
+    get_profile,
+    lr_at,
+    round_robin,
+    train_all,
+)
+
+
+def test_round_robin_spreads_buckets_by_weight():
+    buckets = [Bucket(frames=1, height=16, width=16, batch=1, weight=w) for w in (1, 2, 6)]
+    order = round_robin(buckets)
+    assert Counter(order) == {0: 1, 1: 2, 2: 6}
+    # The heavy bucket never runs more than twice in a row (spread, not blocked).
+    runs = max(len(r) for r in "".join(map(str, order)).split("0") + ["1"] if r)
+    assert runs <= 4
+    assert round_robin(PROFILES["h200"].dit.buckets).count(8) == 6
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    s = StageSettings(
+        buckets=(Bucket(frames=1, height=16, width=16, batch=1),),
+        seconds=1.0,
+        max_steps=100,
+        lr=1e-3,
+        warmup=10,
+        min_lr_ratio=0.1,
+    )
+    assert lr_at(0, 100, s) == pytest.approx(1e-4)
+    assert lr_at(9, 100, s) == pytest.approx(1e-3)
+    assert lr_at(10, 100, s) == pytest.approx(1e-3)
+    assert lr_at(55, 100, s) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert lr_at(100, 100, s) == pytest.approx(1e-4)
+    values = [lr_at(i, 100, s) for i in range(10, 101)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(frames=4, height=16, width=16, batch=1), "1 \\+ 4k"),
+        (dict(frames=1, height=20, width=16, batch=1), "multiple of 8"),
+        (dict(frames=1, height=8, width=16, batch=1), "multiple of 8"),
+        (dict(frames=1, height=16, width=16, batch=0), "batch"),
+    ],
+)
+def test_bad_buckets_are_one_line_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Bucket(**kwargs)
+
+
+def test_profiles_and_overrides():
+    with pytest.raises(ValueError, match="unknown profile 'nope'; known: h200, smoke"):
+        get_profile("nope")
+    with pytest.raises(ValueError, match="positive"):
+        get_profile("h200", batch_scale=0)
+    p = get_profile("h200", dit_seconds=12.0, batch_scale=0.5, seed=3)
+    assert p.dit.seconds == 12.0 and p.vae.seconds == PROFILES["h200"].vae.seconds
+    assert [b.batch for b in p.dit.buckets] == [
+        max(1, round(b.batch / 2)) for b in PROFILES["h200"].dit.buckets
+    ]
+    assert p.seed == 3
+    with pytest.raises(ValueError, match="trained text encoder"):
+        dataclasses.replace(PROFILES["smoke"], model="wan2.1-1.3b")
+    with pytest.raises(FileNotFoundError, match="VAE weights"):
+        dataclasses.replace(PROFILES["smoke"], vae_init="/nonexistent/vae.safetensors")
+
+
+def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
+    shapes = {(b.frames, b.height, b.width) for b in PROFILES["h200"].dit.buckets}
+    assert {f for f, _, _ in shapes} == {1, 9, 17, 33}
+    assert {h for _, h, _ in shapes} >= {32, 48, 64}
+    assert any(h != w for _, h, w in shapes)
+
+
+def test_smoke_run_writes_a_usable_model(tmp_path):
+    from vidax import pipeline
+    from vidax.models import wan_vae
+    from vidax.models.registry import get
+    from vidax.text import encoder as word_encoder
+
+    summary = train_all(tmp_path, PROFILES["smoke"], log=lambda line: None)
+    assert summary["vae"]["steps"] == 3 and summary["dit"]["steps"] == 4
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["stage"] == "dit"] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) for r in records)
+    stats = json.loads((tmp_path / "latent_stats.json").read_text())
+    assert len(stats["mean"]) == 8 and min(stats["std"]) > 0
+
+    spec = get("tiny-v2")
+    transformer = spec.loader(tmp_path / "transformer.safetensors", spec.config)
+    text = word_encoder.load(tmp_path / "text_encoder.safetensors", spec.text_config)
+    config = dataclasses.replace(
+        wan_vae.PRESETS[spec.vae],
+        latents_mean=tuple(stats["mean"]),
+        latents_std=tuple(stats["std"]),
+    )
+    vae = wan_vae.load(tmp_path / "vae.safetensors", config)
+    video = pipeline.generate(
+        spec,
+        "a red circle standing still",
+        num_frames=5,
+        height=32,
+        width=32,
+        steps=2,
+        transformer=transformer,
+        vae=vae,
+        text_encoder=text,
+    )
+    assert video.frames.shape == (5, 32, 32, 3) and np.isfinite(video.frames).all()
