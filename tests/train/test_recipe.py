@@ -1,6 +1,7 @@
 """`vidax train all`: the on-device recipe's schedule, profiles and a smoke run on CPU."""
 
 import dataclasses
+import itertools
 import json
 import math
 from collections import Counter
@@ -23,9 +24,8 @@ def test_round_robin_spreads_buckets_by_weight():
     buckets = [Bucket(frames=1, height=16, width=16, batch=1, weight=w) for w in (1, 2, 6)]
     order = round_robin(buckets)
     assert Counter(order) == {0: 1, 1: 2, 2: 6}
-    # The heavy bucket never runs more than twice in a row (spread, not blocked).
-    runs = max(len(r) for r in "".join(map(str, order)).split("0") + ["1"] if r)
-    assert runs <= 4
+    # The heavy bucket is spread over the cycle, not run as one block.
+    assert "2222" not in "".join(map(str, order))
     assert round_robin(PROFILES["h200"].dit.buckets).count(8) == 6
 
 
@@ -44,7 +44,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert lr_at(55, 100, s) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
     assert lr_at(100, 100, s) == pytest.approx(1e-4)
     values = [lr_at(i, 100, s) for i in range(10, 101)]
-    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 @pytest.mark.parametrize(

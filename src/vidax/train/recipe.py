@@ -360,47 +360,52 @@ def run_stage(
 ) -> tuple[dict, dict]:
     """Runs a stage for `settings.seconds` (or `max_steps`); returns (state, summary).
 
-    The first `calibration_steps` run at the warm-up learning rate and are timed; the
-    schedule's total is then the steps that fit the remaining budget at that rate.
+    The first `calibration_steps` run at the warm-up learning rate and are timed one by one
+    (per bucket, for the summary); the schedule's total is then the steps that fit the
+    remaining budget at their mean rate.
     """
     order = round_robin(settings.buckets)
+    names = [b.name for b in settings.buckets]
     base = jax.random.key(seed)
     total = settings.max_steps
     started = time.perf_counter()
     last_save = started
     step = 0
     metrics = None
-    per_bucket: dict[str, list[float]] = {}
-    calibrated = False
+    timings: dict[str, list[float]] = {}
+    calibrating = True
     while step < total:
         bucket = order[step % len(order)]
         lr = jnp.float32(lr_at(step, total, settings))
+        tick = time.perf_counter()
         state, metrics = compiled[bucket](state, frozen, jax.random.fold_in(base, step), lr)
         step += 1
-        if not calibrated and step == min(settings.calibration_steps, total):
+        if calibrating:
             jax.block_until_ready(metrics)
-            elapsed = time.perf_counter() - started
-            rate = elapsed / step
-            fits = step + int((settings.seconds - elapsed) / rate)
-            total = max(step, min(settings.max_steps, fits))
-            calibrated = True
-            log(f"{name}: {rate * 1e3:.1f} ms/step over {step} steps -> {total} steps")
+            timings.setdefault(names[bucket], []).append(time.perf_counter() - tick)
+            if step == min(settings.calibration_steps, total):
+                elapsed = time.perf_counter() - started
+                rate = elapsed / step
+                fits = step + int((settings.seconds - elapsed) / rate)
+                total = max(step, min(settings.max_steps, fits))
+                calibrating = False
+                log(f"{name}: {rate * 1e3:.1f} ms/step over {step} steps -> {total} steps")
         if step % log_every == 0 or step == total:
             values = {k: float(v) for k, v in jax.device_get(metrics).items()}
             now = time.perf_counter()
-            record = {
-                "stage": name,
-                "step": step,
-                "total": total,
-                "bucket": settings.buckets[bucket].name,
-                "lr": float(lr),
-                "seconds": round(now - started, 2),
-                **values,
-            }
-            write_log(record)
-            per_bucket.setdefault(settings.buckets[bucket].name, []).append(values["loss"])
+            write_log(
+                {
+                    "stage": name,
+                    "step": step,
+                    "total": total,
+                    "bucket": names[bucket],
+                    "lr": float(lr),
+                    "seconds": round(now - started, 2),
+                    **values,
+                }
+            )
             log(
-                f"{name} {step}/{total} [{settings.buckets[bucket].name}] "
+                f"{name} {step}/{total} [{names[bucket]}] "
                 f"loss {values['loss']:.4f} lr {float(lr):.2e} {now - started:.0f}s"
             )
             if not math.isfinite(values["loss"]):
@@ -414,10 +419,18 @@ def run_stage(
     jax.block_until_ready(state)
     seconds = time.perf_counter() - started
     save(state, step)
+    # A program's first run may include one-off work: time the later ones where there are.
+    per_bucket = {
+        b: round(1e3 * float(np.median(t[1:] if len(t) > 1 else t)), 2) for b, t in timings.items()
+    }
+    clips = sum(settings.buckets[order[i % len(order)]].batch for i in range(step))
+    log(f"{name}: ms/step by bucket {per_bucket}")
     return state, {
         "steps": step,
+        "clips": clips,
         "seconds": round(seconds, 1),
         "ms_per_step": round(1e3 * seconds / max(step, 1), 2),
+        "ms_per_step_by_bucket": per_bucket,
         "final_loss": None if metrics is None else float(jax.device_get(metrics)["loss"]),
     }
 
