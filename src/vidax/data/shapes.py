@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -234,26 +234,29 @@ def extent(shape: str, radius: float) -> tuple[float, float, float, float]:
     raise ValueError(f"shape {shape!r} not in {SHAPES}")
 
 
-def signed_distance(shape: str, dx: np.ndarray, dy: np.ndarray, radius: float) -> np.ndarray:
+def signed_distance(
+    shape: str, dx: np.ndarray, dy: np.ndarray, radius: float, *, xp: Any = np
+) -> np.ndarray:
     """Signed distance (negative inside) from offsets (dx, dy) to a shape at the origin.
 
     Args:
         shape: one of `SHAPES`, centred on its centroid (triangles apex up).
         dx, dy: broadcastable offsets from the centroid (x right, y down), in any unit.
-        radius: radius of the equal-area circle, in the same unit.
+        radius: radius of the equal-area circle, in the same unit (an array under `xp=jnp`).
+        xp: the array module, `numpy` or `jax.numpy` (`vidax.data.scene_render` draws with this).
 
     Returns:
         The distance, broadcast over dx and dy: exact for circles and inside squares and
         triangles, slightly rounded outside their corners.
     """
     if shape == "circle":
-        return np.sqrt(dx * dx + dy * dy) - radius
+        return xp.sqrt(dx * dx + dy * dy) - radius
     if shape == "square":
-        return np.maximum(np.abs(dx), np.abs(dy)) - _SQUARE_HALF * radius
+        return xp.maximum(xp.abs(dx), xp.abs(dy)) - _SQUARE_HALF * radius
     if shape == "triangle":
         # Max over the three edges' half-plane distances.
         s = math.sqrt(3) / 2
-        sdf = np.maximum(np.maximum(dy, s * dx - 0.5 * dy), -s * dx - 0.5 * dy)
+        sdf = xp.maximum(xp.maximum(dy, s * dx - 0.5 * dy), -s * dx - 0.5 * dy)
         return sdf - _TRIANGLE_INRADIUS * radius
     raise ValueError(f"shape {shape!r} not in {SHAPES}")
 
@@ -262,13 +265,18 @@ def _extent(obj: ObjectSpec, scale: float) -> tuple[float, float, float, float]:
     return extent(obj.shape, obj.size * scale)
 
 
-def _fold(p: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Reflects an unbounded 1-d path into [lo, hi] (a triangle wave): elastic wall bounces."""
-    if hi <= lo:
-        return np.full_like(p, (lo + hi) / 2)
+def _fold(p: np.ndarray, lo: float, hi: float, *, xp: Any = np) -> np.ndarray:
+    """Reflects an unbounded 1-d path into [lo, hi] (a triangle wave): elastic wall bounces.
+
+    Branch-free so that `vidax.data.scene_render` folds traced bounds with `xp=jnp`; a range with
+    hi <= lo pins the path to its middle.
+    """
     length = hi - lo
-    u = np.mod(p - lo, 2 * length)
-    return lo + np.where(u <= length, u, 2 * length - u)
+    # A positive stand-in keeps the mod finite where the range is empty; those entries are
+    # replaced by the middle below.
+    safe = xp.where(length > 0, length, 1.0)
+    u = xp.mod(p - lo, 2 * safe)
+    return xp.where(length > 0, lo + xp.where(u <= safe, u, 2 * safe - u), (lo + hi) / 2)
 
 
 def trajectories(spec: ClipSpec, num_frames: int, height: int = 64, width: int = 64) -> np.ndarray:
@@ -298,13 +306,20 @@ def _check_size(num_frames: int, height: int, width: int) -> None:
         raise ValueError(f"frames must be at least 16x16, got {height}x{width}")
 
 
-def _texture(spec: ClipSpec, rows: np.ndarray, cols: np.ndarray, scale: int) -> np.ndarray:
-    """Background colour (len(rows), len(cols), 3) in [-1, 1] at world pixel coordinates.
+class _TextureParams(NamedTuple):
+    """A background's random parameters (numpy arrays, or per-clip arrays under `jax.vmap`)."""
 
-    A tinted vertical gradient plus three low-frequency plane waves. Channels stay in
-    [0.06, 0.45] on the [0, 1] scale: dark and desaturated, far from every palette colour.
-    """
-    rng = np.random.default_rng([spec.seed, 0xB6])
+    tint: np.ndarray  # (3,) channel tint, max 1
+    base: float  # gradient brightness
+    angles: np.ndarray  # (3,) wave directions, radians
+    freqs: np.ndarray  # (3,) wave frequencies, radians per min(h, w)
+    phases: np.ndarray  # (4,) three wave phases, then the gradient's
+    wave_tint: np.ndarray  # (3, 3) channel tint of each wave
+
+
+def _texture_params(seed: int) -> _TextureParams:
+    """The background parameters of a clip seed (also what `vidax.data.scene_render` stores)."""
+    rng = np.random.default_rng([seed, 0xB6])
     tint = rng.uniform(0.55, 1.0, size=3)
     tint /= tint.max()
     base = rng.uniform(0.16, 0.24)
@@ -312,13 +327,32 @@ def _texture(spec: ClipSpec, rows: np.ndarray, cols: np.ndarray, scale: int) -> 
     freqs = rng.uniform(1.5, 4.0, size=3) * 2 * np.pi  # cycles per min(h, w)
     phases = rng.uniform(0, 2 * np.pi, size=4)
     wave_tint = rng.uniform(0.5, 1.0, size=(3, 3))
+    return _TextureParams(tint, base, angles, freqs, phases, wave_tint)
+
+
+def _texture(
+    params: _TextureParams, rows: np.ndarray, cols: np.ndarray, scale: int, *, xp: Any = np
+) -> np.ndarray:
+    """Background colour (len(rows), len(cols), 3) in [-1, 1] at world pixel coordinates.
+
+    A tinted vertical gradient plus three low-frequency plane waves. Channels stay in
+    [0.06, 0.45] on the [0, 1] scale: dark and desaturated, far from every palette colour.
+    `xp` is the array module (`jax.numpy` in `vidax.data.scene_render`).
+    """
+    tint, base, angles, freqs, phases, wave_tint = params
     v = ((rows + 0.5) / scale)[:, None]
     u = ((cols + 0.5) / scale)[None, :]
-    bg = (base + 0.08 * np.sin(2.0 * v + phases[3]))[..., None] * tint
+    bg = (base + 0.08 * xp.sin(2.0 * v + phases[3]))[..., None] * tint
     for k in range(3):
-        wave = np.sin(freqs[k] * (np.cos(angles[k]) * u + np.sin(angles[k]) * v) + phases[k])
+        wave = xp.sin(freqs[k] * (xp.cos(angles[k]) * u + xp.sin(angles[k]) * v) + phases[k])
         bg = bg + (0.045 * wave)[..., None] * wave_tint[k]
-    return (2.0 * np.clip(bg, 0.06, 0.45) - 1.0).astype(np.float32)
+    return (2.0 * xp.clip(bg, 0.06, 0.45) - 1.0).astype(np.float32)
+
+
+def _pan_axis_speed(pan: str, scale: int) -> tuple[int, float]:
+    """The pan's axis (0 rows, 1 columns) and the camera's speed along it, in pixels per frame."""
+    cam_x, cam_y = camera_velocity(pan)
+    return (1, cam_x * scale) if cam_x else (0, cam_y * scale)
 
 
 def _background(spec: ClipSpec, num_frames: int, height: int, width: int) -> np.ndarray:
@@ -329,11 +363,11 @@ def _background(spec: ClipSpec, num_frames: int, height: int, width: int) -> np.
     BLAS, which matters in a loader sharing cores with a training step.
     """
     scale = min(height, width)
-    cam_x, cam_y = spec.camera_velocity
-    axis, speed = (1, cam_x * scale) if cam_x else (0, cam_y * scale)
+    axis, speed = _pan_axis_speed(spec.pan, scale)
     size = (height, width)
+    params = _texture_params(spec.seed)
     if speed == 0.0:
-        tex = _texture(spec, np.arange(height), np.arange(width), scale)
+        tex = _texture(params, np.arange(height), np.arange(width), scale)
         return np.broadcast_to(tex, (num_frames, *tex.shape)).copy()
     # World offset of frame t along the pan axis: speed * t pixels.
     shift = speed * np.arange(num_frames)
@@ -342,7 +376,7 @@ def _background(spec: ClipSpec, num_frames: int, height: int, width: int) -> np.
     world = np.arange(span) + lo
     coords = [np.arange(height), np.arange(width)]
     coords[axis] = world
-    tex = _texture(spec, coords[0], coords[1], scale)
+    tex = _texture(params, coords[0], coords[1], scale)
     start = np.floor(shift).astype(np.intp) - lo
     frac = (shift - np.floor(shift)).astype(np.float32)
     out = np.empty((num_frames, height, width, 3), np.float32)
