@@ -4,8 +4,10 @@ import dataclasses
 import itertools
 import json
 import math
+import time
 from collections import Counter
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -120,3 +122,41 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
         text_encoder=text,
     )
     assert video.frames.shape == (5, 32, 32, 3) and np.isfinite(video.frames).all()
+
+
+def test_a_deadline_shortens_the_stage_and_missing_vae_runs_are_named(tmp_path):
+    from vidax.train.recipe import load_recipe_vae, run_stage
+
+    settings = StageSettings(
+        buckets=(Bucket(frames=1, height=16, width=16, batch=2),),
+        seconds=1000.0,
+        max_steps=10_000,
+        lr=1e-3,
+        warmup=2,
+        calibration_steps=3,
+    )
+
+    def fake_step(state, frozen, key, lr):
+        time.sleep(0.01)
+        return state + 1, {"loss": jnp.float32(1.0)}
+
+    lines, saves = [], []
+    state, summary = run_stage(
+        "t",
+        settings,
+        [fake_step],
+        0,
+        None,
+        seed=0,
+        log_every=1000,
+        checkpoint_seconds=1e9,
+        save=lambda state, step: saves.append(step),
+        log=lines.append,
+        write_log=lambda record: None,
+        deadline=time.perf_counter() + 10.5,  # 10 s are kept for the last save: ~0.5 s left
+    )
+    assert 3 <= summary["steps"] < 200 and state == summary["steps"]
+    assert saves == [summary["steps"]] and summary["clips"] == 2 * summary["steps"]
+    assert any("before the run's deadline" in line for line in lines)
+    with pytest.raises(FileNotFoundError, match="not a finished VAE stage"):
+        load_recipe_vae(tmp_path, "shapes")

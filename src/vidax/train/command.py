@@ -181,6 +181,14 @@ def train_all(
         float | None, typer.Option(help="Multiply every bucket's batch size.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
+    total_seconds: Annotated[
+        float | None,
+        typer.Option(help="Wall-clock budget of the whole run; the DiT stage gets the rest."),
+    ] = None,
+    vae_from: Annotated[
+        Path | None,
+        typer.Option(help="Skip the VAE stage: use the VAE an earlier run wrote there."),
+    ] = None,
 ) -> None:
     """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
     from vidax.train.recipe import get_profile
@@ -194,7 +202,9 @@ def train_all(
             dit_seconds=dit_seconds,
             batch_scale=batch_scale,
             seed=seed,
+            total_seconds=total_seconds,
         ),
+        vae_from=vae_from,
     )
 
 

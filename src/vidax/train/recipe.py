@@ -142,6 +142,10 @@ class Profile:
         checkpoint_seconds: write the EMA weights at least this often.
         log_every: steps between log lines.
         seed: seed of data, init and noise.
+        object_weight: extra low-noise loss weight of latents that hold an object
+            (`DiTStageConfig.object_weight`).
+        total_seconds: wall-clock budget of the whole run, compilation included; the DiT
+            stage gets what is left of it (at most `dit.seconds`). None: no overall limit.
     """
 
     name: str
@@ -155,6 +159,7 @@ class Profile:
     log_every: int = 100
     seed: int = 0
     object_weight: float = 4.0
+    total_seconds: float | None = None
 
     def __post_init__(self):
         spec = get(self.model)
@@ -167,6 +172,8 @@ class Profile:
             raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
         if self.stats_clips < 8 or not self.checkpoint_seconds > 0 or self.log_every < 1:
             raise ValueError(f"bad profile settings: {self}")
+        if self.total_seconds is not None and not self.total_seconds > 0:
+            raise ValueError(f"total_seconds must be positive, got {self.total_seconds}")
         if self.vae_init is not None and not Path(self.vae_init).is_file():
             raise FileNotFoundError(f"VAE weights to fine-tune not found: {self.vae_init}")
 
@@ -252,6 +259,7 @@ def get_profile(
     dit_seconds: float | None = None,
     batch_scale: float | None = None,
     seed: int | None = None,
+    total_seconds: float | None = None,
 ) -> Profile:
     """The profile `name`, with stage budgets, batch sizes (scaled, at least 1) or the seed
     changed where given; a clear error lists the known profiles."""
@@ -278,6 +286,7 @@ def get_profile(
         vae=stage(profile.vae, vae_seconds),
         dit=stage(profile.dit, dit_seconds),
         seed=profile.seed if seed is None else seed,
+        total_seconds=profile.total_seconds if total_seconds is None else total_seconds,
     )
 
 
@@ -357,8 +366,10 @@ def run_stage(
     save: Callable[[dict, int], None],
     log: Callable[[str], None],
     write_log: Callable[[dict], None],
+    deadline: float | None = None,
 ) -> tuple[dict, dict]:
-    """Runs a stage for `settings.seconds` (or `max_steps`); returns (state, summary).
+    """Runs a stage for `settings.seconds` (or to `deadline`, or `max_steps`); returns
+    (state, summary).
 
     The first `calibration_steps` run at the warm-up learning rate and are timed one by one
     (per bucket, for the summary); the schedule's total is then the steps that fit the
@@ -369,6 +380,10 @@ def run_stage(
     base = jax.random.key(seed)
     total = settings.max_steps
     started = time.perf_counter()
+    budget = settings.seconds
+    if deadline is not None:  # keep ~10 s for the last save and the summary
+        budget = max(min(budget, deadline - started - 10.0), 1.0)
+        log(f"{name}: {budget:.0f}s of steps left before the run's deadline")
     last_save = started
     step = 0
     metrics = None
@@ -386,7 +401,7 @@ def run_stage(
             if step == min(settings.calibration_steps, total):
                 elapsed = time.perf_counter() - started
                 rate = elapsed / step
-                fits = step + int((settings.seconds - elapsed) / rate)
+                fits = step + int((budget - elapsed) / rate)
                 total = max(step, min(settings.max_steps, fits))
                 calibrating = False
                 log(f"{name}: {rate * 1e3:.1f} ms/step over {step} steps -> {total} steps")
@@ -413,7 +428,7 @@ def run_stage(
             if now - last_save >= checkpoint_seconds:
                 save(state, step)
                 last_save = time.perf_counter()
-            if now - started > settings.seconds * 1.05 + 5:  # the estimate was optimistic
+            if now - started > budget * 1.05 + 5:  # the estimate was optimistic
                 log(f"{name}: out of time at step {step} of {total}")
                 break
     jax.block_until_ready(state)
@@ -553,9 +568,20 @@ def measure_latent_stats(
 
 
 def train_dit_stage(
-    profile: Profile, vae: wan_vae.WanVAE, out: Path, log, write_log
-) -> tuple[nnx.Module, nnx.Module, dict]:
-    """Stage 2: the DiT and the text encoder on latents of the (frozen) VAE."""
+    profile: Profile,
+    vae: wan_vae.WanVAE,
+    out: Path,
+    log,
+    write_log,
+    *,
+    deadline: float | None = None,
+    check_only: bool = False,
+) -> tuple[nnx.Module, nnx.Module, dict] | None:
+    """Stage 2: the DiT and the text encoder on latents of the (frozen) VAE.
+
+    `check_only` traces every bucket's step abstractly (`jax.eval_shape`) and returns None:
+    a preflight that finds this stage's errors in seconds, before the VAE stage runs.
+    """
     spec = profile.spec
     settings = profile.dit
     dtype = dict(dtype=profile.dtype, param_dtype="float32")
@@ -625,8 +651,15 @@ def train_dit_stage(
         )
         log(f"dit: saved EMA weights at step {step}")
 
+    step_fns = [loss_for(b) for b in settings.buckets]
+    if check_only:
+        with _convs():
+            for fn in step_fns:
+                jax.eval_shape(fn, state, vae_state, jax.random.key(0), jnp.float32(0.0))
+        log(f"dit: preflight traced {len(step_fns)} programs")
+        return None
     with _convs():
-        compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, vae_state, log)
+        compiled = compile_buckets(step_fns, state, vae_state, log)
     state, summary = run_stage(
         "dit",
         settings,
@@ -639,22 +672,40 @@ def train_dit_stage(
         save=save,
         log=log,
         write_log=write_log,
+        deadline=deadline,
     )
     dit_ema, text_ema = models(state)
     return dit_ema, text_ema, summary
+
+
+def load_recipe_vae(folder: str | os.PathLike, preset: str) -> wan_vae.WanVAE:
+    """The VAE a recipe run wrote to `folder`, normalised by its `latent_stats.json`."""
+    folder = Path(folder)
+    for name in (VAE_FILE, STATS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: not a finished VAE stage")
+    stats = json.loads((folder / STATS_FILE).read_text())
+    config = dataclasses.replace(
+        wan_vae.PRESETS[preset],
+        latents_mean=tuple(stats["mean"]),
+        latents_std=tuple(stats["std"]),
+    )
+    return wan_vae.load(folder / VAE_FILE, config)
 
 
 def train_all(
     out: str | os.PathLike,
     profile: Profile,
     *,
+    vae_from: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Runs both stages into `out`; returns (and writes to `recipe.json`) the run's summary.
 
     Writes `vae.safetensors` + `latent_stats.json` after stage 1, then `transformer.safetensors`
     and `text_encoder.safetensors` (bf16 EMA weights) at least every `checkpoint_seconds`
-    during stage 2, `log.jsonl` throughout.
+    during stage 2, `log.jsonl` throughout. `vae_from`: skip stage 1 and use the VAE (and its
+    latent statistics) that an earlier run wrote to that folder.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -673,8 +724,17 @@ def train_all(
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
     }
-    vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
-    _, _, summary["dit"] = train_dit_stage(profile, vae, out, log, write_log)
+    deadline = None if profile.total_seconds is None else started + profile.total_seconds
+    if vae_from is not None:
+        vae = load_recipe_vae(vae_from, profile.spec.vae)
+        summary["vae"] = {"from": str(vae_from)}
+        log(f"vae: using {vae_from}")
+    else:
+        # Trace stage 2 with a stand-in VAE first: its errors surface before stage 1 runs.
+        stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae], rngs=nnx.Rngs(0))
+        train_dit_stage(profile, stand_in, out, log, write_log, check_only=True)
+        vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
+    _, _, summary["dit"] = train_dit_stage(profile, vae, out, log, write_log, deadline=deadline)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
     log(f"done in {summary['seconds']}s: wrote {out}")
