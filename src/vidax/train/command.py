@@ -191,8 +191,10 @@ def train_all(
     ] = None,
 ) -> None:
     """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
-    from vidax.train.recipe import get_profile
+    from vidax.train.recipe import fast_gpu_compiles, get_profile
     from vidax.train.recipe import train_all as run_recipe
+
+    fast_gpu_compiles()  # before anything starts jax's backends
 
     run_recipe(
         out,
