@@ -57,7 +57,7 @@ def main() -> None:
     from vidax.models.registry import get
 
     weights = args.weights or ASSETS / get(args.model).weights
-    model, vae = load_weights(args.model, weights)
+    model, vae, _ = load_weights(args.model, weights)
     embed = HashedTextEmbedder(dim=model.config.text_dim, text_len=model.config.text_len)
     frames = 33
 

@@ -88,10 +88,12 @@ def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
 
 
 def test_smoke_run_writes_a_usable_model(tmp_path):
+    from typer.testing import CliRunner
+
     from vidax import pipeline
-    from vidax.models import wan_vae
+    from vidax.cli import app
     from vidax.models.registry import get
-    from vidax.text import encoder as word_encoder
+    from vidax.train.command import load_weights
 
     summary = train_all(tmp_path, PROFILES["smoke"], log=lambda line: None)
     assert summary["vae"]["steps"] == 3 and summary["dit"]["steps"] == 4
@@ -101,17 +103,11 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
     stats = json.loads((tmp_path / "latent_stats.json").read_text())
     assert len(stats["mean"]) == 8 and min(stats["std"]) > 0
 
-    spec = get("tiny-v2")
-    transformer = spec.loader(tmp_path / "transformer.safetensors", spec.config)
-    text = word_encoder.load(tmp_path / "text_encoder.safetensors", spec.text_config)
-    config = dataclasses.replace(
-        wan_vae.PRESETS[spec.vae],
-        latents_mean=tuple(stats["mean"]),
-        latents_std=tuple(stats["std"]),
-    )
-    vae = wan_vae.load(tmp_path / "vae.safetensors", config)
+    # The folder loads as a model (its latent statistics replace the preset's) and samples.
+    transformer, vae, text = load_weights("tiny-v2", tmp_path)
+    assert vae.config.latents_mean == tuple(stats["mean"])
     video = pipeline.generate(
-        spec,
+        get("tiny-v2"),
         "a red circle standing still",
         num_frames=5,
         height=32,
@@ -122,6 +118,12 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
         text_encoder=text,
     )
     assert video.frames.shape == (5, 32, 32, 3) and np.isfinite(video.frames).all()
+    # ... and `vidax eval --weights` scores it.
+    args = ["eval", "--model", "tiny-v2", "--weights", str(tmp_path), "--limit", "1"]
+    args += ["--seeds", "1", "--frames", "5", "--steps", "2", "--height", "32", "--width", "32"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "eval" / "results.json").exists()
 
 
 def test_a_deadline_shortens_the_stage_and_missing_vae_runs_are_named(tmp_path):

@@ -121,6 +121,7 @@ def evaluate_prompts(
     seeds: int = 2,
     transformer=None,
     vae=None,
+    text_encoder=None,
     references: bool = False,
     on_sample: Callable[[int, int], None] | None = None,
     label: str = "",
@@ -133,8 +134,8 @@ def evaluate_prompts(
         prompts: the prompts (default the fixed set `vidax.data.EVAL_PROMPTS`, 35 prompts;
             `vidax.data.random_eval_prompts` draws fresh ones).
         seeds: replicates per prompt; replicate k uses seed `prompt.seed + 100000 k`.
-        transformer, vae: already-loaded models (default: the preset's shipped weights,
-            loaded once).
+        transformer, vae, text_encoder: already-loaded models (default: the preset's shipped
+            weights, loaded once; the text encoder only for presets with a trained one).
         references: also score each prompt's rendered ground truth and its VAE round trip.
         on_sample: progress callback (done, total).
         label: `Report.label`.
@@ -175,10 +176,18 @@ def evaluate_prompts(
         vae = pipeline.load_vae(spec, None)
     if vae is None:
         raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
+    if text_encoder is None and spec.text_config is not None:
+        text_encoder = pipeline.load_text_encoder(spec)
     samples = []
     for i, (prompt, seed) in enumerate(pairs):
         video = pipeline.generate(
-            spec, prompt=prompt.caption, seed=seed, transformer=transformer, vae=vae, **settings
+            spec,
+            prompt=prompt.caption,
+            seed=seed,
+            transformer=transformer,
+            vae=vae,
+            text_encoder=text_encoder,
+            **settings,
         )
         samples.append(_score(prompt, seed, video.frames))
         if on_sample is not None:

@@ -310,9 +310,10 @@ def evaluate(
     if random:
         sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
     if weights is not None:
-        transformer, vae = load_weights(model, weights)
+        transformer, vae, text_encoder = load_weights(model, weights)
     else:  # loaded once for every set
         transformer, vae = pipeline.load_transformer(spec, None), pipeline.load_vae(spec, None)
+        text_encoder = pipeline.load_text_encoder(spec) if spec.text_config else None
     reports = []
     for label, prompts in sets:
         reports.append(
@@ -322,6 +323,7 @@ def evaluate(
                 seeds=seeds,
                 transformer=transformer,
                 vae=vae,
+                text_encoder=text_encoder,
                 references=references,
                 on_sample=lambda i, n, label=label: typer.echo(
                     f"\r{label}: {i}/{n} videos", nl=False, err=True
@@ -347,15 +349,40 @@ def evaluate(
 
 
 def load_weights(model: str, folder: Path):
-    """(transformer, VAE) of `model` from `folder`'s transformer.safetensors and vae.safetensors."""
+    """(transformer, VAE, text encoder) of `model` from a weights folder.
+
+    The folder holds transformer.safetensors and vae.safetensors (and text_encoder.safetensors
+    for presets with a trained text encoder); a `latent_stats.json` beside the VAE (written by
+    `vidax train vae` and `vidax train all`) replaces the preset's latent statistics. The
+    text encoder is None for presets without one.
+    """
+    import dataclasses
+    import json
+
     from vidax.models.registry import get, get_vae
+    from vidax.pipeline import TEXT_ENCODER_FILE
 
     spec = get(model)
     if spec.vae is None:
         raise ValueError(f"model {model!r} has no VAE")
-    transformer_path, vae_path = folder / "transformer.safetensors", folder / "vae.safetensors"
-    for path in (transformer_path, vae_path):
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found")
+    needed = ["transformer.safetensors", "vae.safetensors"]
+    if spec.text_config is not None:
+        needed.append(TEXT_ENCODER_FILE)
+    for name in needed:
+        if not (folder / name).exists():
+            raise FileNotFoundError(f"{folder / name} not found")
     vae = get_vae(spec.vae)
-    return spec.loader(transformer_path, spec.config), vae.loader(vae_path, vae.config)
+    config = vae.config
+    stats = folder / "latent_stats.json"
+    if stats.exists():
+        values = json.loads(stats.read_text())
+        config = dataclasses.replace(
+            config, latents_mean=tuple(values["mean"]), latents_std=tuple(values["std"])
+        )
+    text = None
+    if spec.text_config is not None:
+        from vidax.text import encoder as word_encoder
+
+        text = word_encoder.load(folder / TEXT_ENCODER_FILE, spec.text_config)
+    transformer = spec.loader(folder / "transformer.safetensors", spec.config)
+    return transformer, vae.loader(folder / "vae.safetensors", config), text
