@@ -189,6 +189,10 @@ def train_all(
         Path | None,
         typer.Option(help="Skip the VAE stage: use the VAE an earlier run wrote there."),
     ] = None,
+    vae_init: Annotated[
+        Path | None,
+        typer.Option(help="VAE weights the VAE stage fine-tunes (default: the shipped tiny VAE)."),
+    ] = None,
 ) -> None:
     """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
     from vidax.train.recipe import fast_gpu_compiles, get_profile
@@ -205,6 +209,7 @@ def train_all(
             batch_scale=batch_scale,
             seed=seed,
             total_seconds=total_seconds,
+            vae_init=None if vae_init is None else str(vae_init),
         ),
         vae_from=vae_from,
     )
