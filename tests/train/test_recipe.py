@@ -162,3 +162,15 @@ def test_a_deadline_shortens_the_stage_and_missing_vae_runs_are_named(tmp_path):
     assert any("before the run's deadline" in line for line in lines)
     with pytest.raises(FileNotFoundError, match="not a finished VAE stage"):
         load_recipe_vae(tmp_path, "shapes")
+
+
+def test_the_checked_in_vae_stage_loads_with_its_statistics():
+    from pathlib import Path
+
+    from vidax.train.recipe import load_recipe_vae
+
+    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    stats = json.loads((folder / "latent_stats.json").read_text())
+    vae = load_recipe_vae(folder, "shapes")
+    assert vae.config.latents_mean == tuple(stats["mean"])
+    assert vae.config.latents_std == tuple(stats["std"])
