@@ -50,6 +50,7 @@ from vidax.text.encoder import WordEncoder
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.dit import DiTStageConfig, adaln_zero, dit_loss, latent_object_mask
 from vidax.train.flow import SigmaSampler
+from vidax.train.loop import init_state
 from vidax.train.optim import OptimConfig, ema_update, make_optimizer
 from vidax.train.vae import VAEStageConfig, build_vae, cpu_friendly_convs, moments, vae_loss
 
@@ -461,15 +462,6 @@ def run_stage(
 # ------------------------------------------------------------------------- the stages
 
 
-def _state(params, optimizer) -> dict:
-    return {
-        "params": params,
-        "opt": optimizer.init(params),
-        "ema": jax.tree.map(jnp.copy, params),
-        "step": jnp.zeros((), jnp.int32),
-    }
-
-
 def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
     return make_optimizer(
         OptimConfig(lr=1.0, warmup=0, weight_decay=settings.weight_decay, ema_decay=0.0)
@@ -514,7 +506,7 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
 
         return make_train_step(loss_fn, optimizer, settings.ema_decay)
 
-    state = _state(params, optimizer)
+    state = init_state(params, optimizer)
 
     def save(state, step):
         model = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
@@ -635,7 +627,7 @@ def train_dit_stage(
 
         return make_train_step(loss_fn, optimizer, settings.ema_decay)
 
-    state = _state({"dit": dit_params, "text": text_params}, optimizer)
+    state = init_state({"dit": dit_params, "text": text_params}, optimizer)
 
     def models(state):
         ema = jax.device_get(state["ema"])
