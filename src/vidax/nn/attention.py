@@ -2,14 +2,19 @@
 
 Every model calls `attention(q, k, v, impl=...)`:
 - "reference": plain einsum/softmax with float32 logits, the spec;
-- "xla": `jax.nn.dot_product_attention` (lets XLA pick, cuDNN on GPU where it applies);
+- "xla": `jax.nn.dot_product_attention`'s XLA path (materialises the `(l, s)` logits);
+- "cudnn": cuDNN's fused flash attention (`jax.nn.dot_product_attention(...,
+  implementation="cudnn")`): NVIDIA GPUs (sm80+), bf16/fp16 q/k/v, head dims that are multiples
+  of 8 up to 128 (256 from Hopper), no mask; the logits never exist in memory;
 - "chunked": online softmax over key blocks in plain jnp (float32 accumulators), so the
   `(l, s)` logits never exist at once; the XLA fallback for long sequences;
 - "splash": jax's Pallas TPU splash-attention kernel, per device under `shard_map` with the
   layout the active sharding strategy gives q/k/v (TPU meshes only);
 - "ring": ring attention over the `seq` mesh axis (`vidax.nn.ring_attention`);
 - "auto": "ring" when the active strategy asks for it (`Strategy.ring`), "splash" on an active
-  TPU mesh, "chunked" when the logits would exceed `CHUNKED_ABOVE` elements, else "xla".
+  TPU mesh, else `choose_impl`: "cudnn" on a GPU wherever it takes the inputs, otherwise
+  "chunked" when the logits would exceed `CHUNKED_ABOVE` elements, else "xla". A GPU that
+  falls back logs why, once per reason.
 
 Which mesh layout the sharded paths use comes from `vidax.sharding.current()`: q is laid out
 as `("batch", "attn_tokens", "attn_heads", "head_dim")`, k/v as `"kv_tokens"` for
@@ -18,17 +23,24 @@ self-attention (as many keys as queries) and `"text_tokens"` otherwise.
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-IMPLEMENTATIONS = ("auto", "reference", "xla", "chunked", "splash", "ring")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn", "chunked", "splash", "ring")
 
 # "auto" switches to "chunked" above this many logits (b*n*l*s): 2^28 float32 logits are 1 GiB.
 CHUNKED_ABOVE = 1 << 28
 # Keys per step of the chunked path: big enough for wide matmuls, small enough that one
 # block's logits stay a fraction of the full matrix.
 KEY_BLOCK = 1024
+
+_LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_log = logging.getLogger(__name__)
+# Fallback reasons already logged: "auto" runs at every trace, the log line once per reason.
+_REPORTED: set[str] = set()
 
 
 def attention(
@@ -51,7 +63,14 @@ def attention(
         raise ValueError(f"attention shapes q={q.shape} k={k.shape} v={v.shape} do not match")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if impl == "auto":
-        impl = _auto_impl(q, k, mask)
+        impl = _auto_impl(q, k, v, mask)
+    elif impl == "cudnn":
+        platform, capability = _device()
+        why_not = _cudnn_unsupported(
+            platform, q.shape, _common_dtype(q, k, v), mask is not None, capability
+        )
+        if why_not is not None:
+            raise ValueError(f"attention impl 'cudnn' cannot run here: {why_not}")
     if impl == "reference":
         return attention_reference(q, k, v, mask=mask, scale=scale)
     if impl == "chunked":
@@ -67,22 +86,133 @@ def attention(
     # jax.nn.dot_product_attention promotes bf16 against float32 internally, which strict
     # promotion (our test setting) rejects; the promotion is intended there.
     with jax.numpy_dtype_promotion("standard"):
+        if impl == "cudnn":
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
         out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
     return out.astype(q.dtype)
 
 
-def _auto_impl(q, k, mask) -> str:
+def choose_impl(
+    platform: str,
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    dtype,
+    has_mask: bool,
+    *,
+    compute_capability: tuple[int, int] | None = None,
+    tokens_sharded: bool = False,
+) -> tuple[str, str]:
+    """The "auto" implementation off a TPU mesh and outside ring attention, from static facts.
+
+    Args:
+        platform: "gpu", "cpu", "tpu", ... (the active mesh's devices, else the default backend).
+        q_shape: (b, l, n, k) queries; k_shape: (b, s, n, k) keys/values (cross-attention when
+            s != l, which takes the same path).
+        dtype: the dtype q, k and v share, or None when they differ.
+        has_mask: a boolean mask is passed.
+        compute_capability: the GPU's CUDA (major, minor), None where it is not a CUDA device.
+        tokens_sharded: the active strategy splits q or k/v over tokens, or lays them out
+            differently (cuDNN's partitioner splits batch and heads only).
+
+    Returns:
+        (impl, reason): "cudnn" where cuDNN flash attention takes the inputs on a GPU;
+        otherwise "chunked" when the logits would exceed `CHUNKED_ABOVE` elements, else
+        "xla", with why cuDNN was not used.
+    """
+    b, length, n, _ = q_shape
+    fallback = "chunked" if b * n * length * k_shape[1] > CHUNKED_ABOVE else "xla"
+    why_not = _cudnn_unsupported(
+        platform, q_shape, dtype, has_mask, compute_capability, tokens_sharded
+    )
+    if why_not is None:
+        return "cudnn", "cuDNN flash attention takes these inputs"
+    return fallback, f"not cuDNN flash attention ({why_not}): {fallback}"
+
+
+def _cudnn_unsupported(
+    platform, q_shape, dtype, has_mask, capability, tokens_sharded=False
+) -> str | None:
+    """Why cuDNN flash attention cannot take these inputs (None when it can).
+
+    The limits are those jax checks before calling cuDNN (`check_layout` and
+    `check_is_flash_attention` in jax/_src/cudnn/fused_attention_stablehlo.py).
+    """
+    head_dim = q_shape[-1]
+    if platform != "gpu":
+        return f"it needs an NVIDIA GPU, running on {platform}"
+    if capability is None:
+        return "not a CUDA device"
+    if capability < (8, 0):
+        return f"compute capability {capability[0]}.{capability[1]} is below 8.0"
+    if dtype is None:
+        return "q, k and v have different dtypes"
+    if jnp.dtype(dtype) not in _LOW_PRECISION:
+        return f"{jnp.dtype(dtype).name} inputs; it takes bfloat16/float16"
+    max_head = 256 if capability >= (9, 0) else 128
+    if head_dim % 8 or head_dim > max_head:
+        return f"head dim {head_dim}; it takes multiples of 8 up to {max_head}"
+    if has_mask:
+        return "a boolean mask; it takes none"
+    if tokens_sharded:
+        return "q/k/v split over tokens; its partitioner splits batch and heads only"
+    return None
+
+
+def _common_dtype(q, k, v):
+    return q.dtype if q.dtype == k.dtype == v.dtype else None
+
+
+def _device(mesh=None) -> tuple[str, tuple[int, int] | None]:
+    """(platform, CUDA compute capability or None) of the mesh's devices, else the default."""
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    capability = None
+    if device.platform == "gpu":
+        try:  # "9.0" on CUDA devices; absent or not numeric elsewhere (ROCm)
+            major, minor = str(device.compute_capability).split(".")[:2]
+            capability = (int(major), int(minor))
+        except (AttributeError, ValueError):
+            capability = None
+    return device.platform, capability
+
+
+def _auto_impl(q, k, v, mask) -> str:
     from vidax.sharding.rules import current
 
     active = current()
-    if mask is None and active is not None:
+    mesh = None
+    if active is not None:
         mesh, strategy = active
-        if strategy.ring and mesh.shape.get("seq", 1) > 1 and q.shape[1] == k.shape[1]:
-            return "ring"
-        if mesh.devices.flat[0].platform == "tpu":
-            return "splash"
-    logits = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[1]
-    return "chunked" if logits > CHUNKED_ABOVE else "xla"
+        if mask is None:
+            if strategy.ring and mesh.shape.get("seq", 1) > 1 and q.shape[1] == k.shape[1]:
+                return "ring"
+            if mesh.devices.flat[0].platform == "tpu":
+                return "splash"
+    platform, capability = _device(mesh)
+    impl, reason = choose_impl(
+        platform,
+        q.shape,
+        k.shape,
+        _common_dtype(q, k, v),
+        mask is not None,
+        compute_capability=capability,
+        tokens_sharded=platform == "gpu" and active is not None and _tokens_sharded(q, k, *active),
+    )
+    if platform == "gpu" and impl != "cudnn" and reason not in _REPORTED:
+        _REPORTED.add(reason)
+        _log.warning("vidax attention on GPU: %s", reason)
+    return impl
+
+
+def _tokens_sharded(q, k, mesh, strategy) -> bool:
+    """Whether the strategy splits q or k/v over tokens, or lays them out differently."""
+    from vidax.sharding.rules import logical_to_spec
+
+    q_axes = ("batch", "attn_tokens", "attn_heads", "head_dim")
+    kv_axes = ("batch", "kv_tokens" if q.shape[1] == k.shape[1] else "text_tokens", *q_axes[2:])
+    rules, pad = strategy.activations, strategy.pad
+    q_spec = logical_to_spec(q_axes, rules, mesh, q.shape, pad=pad)
+    k_spec = logical_to_spec(kv_axes, rules, mesh, k.shape, pad=pad)
+    return q_spec[1] is not None or q_spec != k_spec
 
 
 def attention_reference(q, k, v, *, mask=None, scale: float):
@@ -136,7 +266,12 @@ def attend_blocks(
         if mask is not None:
             mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
     limit = s if valid is None else jnp.minimum(valid, s)
-    qf = q.astype(jnp.float32) * scale
+    # bf16/fp16 operands run the matmuls at the low-precision rate with float32 accumulation
+    # (as flash attention does), scaling the float32 logits rather than rounding q * scale;
+    # other inputs are computed in float32 throughout.
+    low = _common_dtype(q, k, v) in _LOW_PRECISION
+    dot_dtype = q.dtype if low else jnp.float32
+    qf = q if low else q.astype(jnp.float32) * scale
     kb = k.reshape(b, num, block, n, -1).swapaxes(0, 1)
     vb = v.reshape(b, num, block, n, -1).swapaxes(0, 1)
     mb = None if mask is None else mask.reshape(b, n, length, num, block).transpose(3, 0, 1, 2, 4)
@@ -144,7 +279,11 @@ def attend_blocks(
     def step(carry, xs):
         acc, m, total = carry
         i, kc, vc, mc = xs
-        logits = jnp.einsum("blnk,bsnk->bnls", qf, kc.astype(jnp.float32))
+        logits = jnp.einsum(
+            "blnk,bsnk->bnls", qf, kc.astype(dot_dtype), preferred_element_type=jnp.float32
+        )
+        if low:
+            logits = logits * scale
         keep = (i * block + jnp.arange(block) < limit)[None, None, None, :]
         if mc is not None:
             keep = keep & mc
@@ -156,7 +295,10 @@ def attend_blocks(
         corr = jnp.exp(jnp.where(jnp.isfinite(m), m - shift, -jnp.inf))
         total = total * corr + p.sum(axis=-1)
         acc = acc * corr.transpose(0, 2, 1)[..., None] + jnp.einsum(
-            "bnls,bsnk->blnk", p, vc.astype(jnp.float32)
+            "bnls,bsnk->blnk",
+            p.astype(dot_dtype),
+            vc.astype(dot_dtype),
+            preferred_element_type=jnp.float32,
         )
         return (acc, m_new, total), None
 
