@@ -96,6 +96,19 @@ def test_every_problem_is_reported_before_loading(saved, tmp_path):
     assert "'blocks.1.lin.bias'" in message and "int32" in message
 
 
+@pytest.mark.parametrize("key, value", [("blocks.1.lin.weight", np.nan), ("inp.bias", np.inf)])
+def test_non_finite_tensors_are_an_error_naming_file_and_key(saved, tmp_path, key, value):
+    # A NaN weight once loaded silently and rendered an all-black video.
+    _, path = saved
+    tensors = dict(open_checkpoint(path))
+    tensors[key] = tensors[key].copy()
+    tensors[key].flat[1] = value
+    bad = tmp_path / "nan.safetensors"
+    save_file(tensors, bad)
+    with pytest.raises(CheckpointError, match=f"nan.safetensors: tensor '{key}' has 1 non-finite"):
+        load_model(lambda: _Model(rngs=nnx.Rngs(1)), bad, RULES)
+
+
 def test_more_layers_than_the_model(saved):
     _, path = saved
     with pytest.raises(CheckpointError, match="more layers than the model"):

@@ -6,7 +6,8 @@ per-layer tensor; its layers are stacked along axis 0 of the (scanned) vidax par
 `load_state` validates the whole map against the checkpoint header first (missing,
 unexpected and mis-shaped keys, non-float data) so nothing is half-loaded, then streams one
 parameter at a time: read (memory-mapped), transform, cast, and `device_put` straight to its
-sharding. Peak extra host memory is about one (stacked) parameter.
+sharding. Peak extra host memory is about one (stacked) parameter. A tensor holding NaN or inf
+is an error naming its file and key (a broken checkpoint, not a model to run).
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def load_state(
       The state with concrete arrays, placed with their shardings.
 
     Raises:
-      CheckpointError: naming every missing, unexpected or mis-shaped key.
+      CheckpointError: naming every missing, unexpected or mis-shaped key, or the file and key
+        of the first tensor with non-finite values.
     """
     rules = list(rules)
     targets = _flat(abstract_state)
@@ -162,8 +164,10 @@ def load_state(
             host = np.empty(want.shape, want.dtype)
             for i, key in enumerate(keys):
                 host[i] = _convert(reader[key], rule, want.dtype)
+                _check_finite(host[i], reader, key)
         else:
             host = _convert(reader[keys[0]], rule, want.dtype)
+            _check_finite(host, reader, keys[0])
         values[rule.target] = jax.device_put(host, placements.get(rule.target))
         del host
 
@@ -180,6 +184,16 @@ def _convert(array: np.ndarray, rule: Rule, dtype) -> np.ndarray:
     if rule.transform is not None:
         array = rule.transform(array)
     return np.ascontiguousarray(array, dtype=dtype)
+
+
+def _check_finite(array: np.ndarray, reader: CheckpointReader, key: str) -> None:
+    if not jnp.issubdtype(array.dtype, jnp.floating) or np.isfinite(array).all():
+        return
+    bad = array.size - np.count_nonzero(np.isfinite(array))
+    raise CheckpointError(
+        f"{reader.path_of(key)}: tensor {key!r} has {bad} non-finite values (NaN or inf) "
+        f"of {array.size}"
+    )
 
 
 def export_state(state: nnx.State, rules: Iterable[Rule], dtype=None) -> dict[str, np.ndarray]:
