@@ -1,13 +1,24 @@
 """The `vidax` command line: real runs and one-line errors."""
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from vidax.checkpoint import open_checkpoint, save_file
 from vidax.cli import app
+from vidax.pipeline import ASSETS
 from vidax.video import read_video
 
-pytestmark = pytest.mark.filterwarnings("ignore:no (VAE )?weights")
 runner = CliRunner()
+SMALL = ["--frames", "5", "--height", "32", "--width", "32"]
+
+
+def _one_error_line(result, message: str) -> None:
+    """Exit code 2, and the output is exactly one `error:` line containing `message`."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in lines[0]
 
 
 def test_generate_writes_a_playable_mp4(tmp_path):
@@ -64,6 +75,17 @@ def test_models_lists_presets_with_sizes():
     assert "1.42B" in result.output
 
 
+def test_models_lists_causal_presets_and_weights_status_uncut_at_80_columns():
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    status = {line.split()[0]: line.split("  ")[-1].strip() for line in lines[1::2]}
+    assert status["tiny"] == status["tiny-causal"] == "shipped"
+    for name in ("tiny-v2", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny", "wan2.1-1.3b"):
+        assert status[name] == "needs --checkpoint"
+
+
 def test_subcommands_are_registered():
     result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
@@ -74,17 +96,135 @@ def test_subcommands_are_registered():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--accel", "warp"], "--accel must be one of"),
-        (["--budget", "1.5"], "--budget must be in (0, 1]"),
-        (["--plan", "/no/plan.json"], "plan.json"),
+        (["--steps", "1", "--accel", "warp"], "--accel must be one of"),
+        (["--steps", "1", "--budget", "1.5"], "--budget must be in (0, 1]"),
+        (["--steps", "1", "--plan", "/no/plan.json"], "plan.json"),
         (["--stream"], "--stream needs a causal model"),
         (["--model", "tiny-causal", "--set", "local_topk=999"], "larger than the local window"),
         (["--model", "tiny-causal", "--set", "dim=64"], "--set expects field=value"),
+        # Used to run silently: 20 steps, and a budget nothing read.
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--budget", "0.5"], "--budget 0.5 needs --accel"),
+        # The streaming path reports its errors the same way, before any bar is drawn.
+        (["--model", "tiny-causal", "--frames", "13"], "--frames 13 gives 4 latent frames"),
     ],
 )
 def test_acceleration_plan_and_stream_flags_validate(args, message, tmp_path):
     result = runner.invoke(
-        app, ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4"), "--steps", "1", *args]
+        app, ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4"), *args]
     )
+    _one_error_line(result, message)
+
+
+@pytest.mark.parametrize(
+    "args, flags",
+    [
+        (["--accel", "dvg"], "--accel does"),
+        (["--budget", "0.5"], "--budget does"),
+        (["--steps", "4", "--guidance", "3"], "--steps, --guidance do"),
+        (["--shift", "5", "--sampler", "euler"], "--shift, --sampler do"),
+        (["--negative-prompt", "blur"], "--negative-prompt does"),
+        (["--checkpoint", "w.safetensors", "--plan", "plan.json"], "--checkpoint, --plan do"),
+        (["--prompt-embeds", "e.npy"], "--prompt-embeds does"),
+    ],
+)
+def test_flags_a_causal_model_ignores_are_errors(args, flags, tmp_path):
+    result = runner.invoke(
+        app, ["generate", "--model", "tiny-causal", "--prompt", "x", "--out", "o.mp4", *args]
+    )
+    _one_error_line(result, f"{flags} not apply to the causal model 'tiny-causal'")
+
+
+@pytest.mark.parametrize(
+    "model, parts",
+    [
+        ("hunyuanvideo-tiny", "transformer and VAE (hunyuanvideo-tiny)"),
+        ("tiny-v2", "transformer, VAE (shapes) and text encoder (WordEncoder)"),
+        ("wan2.1-1.3b", "transformer, VAE (wan2.1) and text encoder (umt5-xxl)"),
+    ],
+)
+def test_missing_weights_are_an_error_naming_the_parts(model, parts, tmp_path):
+    # They used to run on random weights (a noise video, exit 0) after one warning.
+    out = tmp_path / "o.mp4"
+    result = runner.invoke(app, ["generate", "--model", model, "--prompt", "x", "--out", str(out)])
+    _one_error_line(result, f"model {model!r} has no weights for its {parts}: pass --checkpoint")
+    assert "--random-weights" in result.output and not out.exists()
+
+
+def test_random_weights_run_with_one_loud_line(tmp_path):
+    out = tmp_path / "o.mp4"
+    args = ["generate", "--model", "tiny-v2", "--prompt", "x", "--out", str(out), "--steps", "1"]
+    result = runner.invoke(app, [*args, *SMALL, "--set", "num_layers=1", "--random-weights"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: RANDOM WEIGHTS (--random-weights): 'tiny-v2' runs its transformer, VAE, "
+        "text encoder on random initialisation; the output is noise"
+    ]
+    assert read_video(out).shape == (5, 32, 32, 3)
+
+
+def _shipped_tiny_with(tmp_path, key: str, value: float):
+    tensors = dict(open_checkpoint(ASSETS / "tiny" / "transformer.safetensors"))
+    tensors[key] = np.full_like(tensors[key], value)
+    path = tmp_path / "transformer.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+def test_a_nan_weight_is_an_error_naming_file_and_key(tmp_path):
+    # It used to load, and the video came out all black with exit code 0.
+    path = _shipped_tiny_with(tmp_path, "proj_out.bias", np.nan)
+    args = ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4"), *SMALL]
+    result = runner.invoke(app, [*args, "--checkpoint", str(path)])
+    _one_error_line(result, f"{path}: tensor 'proj_out.bias' has 32 non-finite values")
+
+
+def test_non_finite_latents_stop_with_the_step(tmp_path):
+    # Finite weights so large that the first forward overflows.
+    path = _shipped_tiny_with(tmp_path, "patch_embedding.weight", 3e38)
+    out = tmp_path / "o.mp4"
+    args = ["generate", "--prompt", "x", "--out", str(out), *SMALL, "--steps", "2"]
+    result = runner.invoke(app, [*args, "--checkpoint", str(path)])
     assert result.exit_code == 2, result.output
-    assert message in result.output
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith("error: sampling produced non-finite latents (NaN or inf) at ")
+    assert "denoising step 1 of 2" in error and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "vae", "--steps", "0"], "steps must be >= 1"),
+        (["train", "dit", "--vae-run", "/nonexistent"], "VAE run not found"),
+        (["eval", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["eval", "--model", "tiny-v2"], "ships no weights for its transformer"),
+        (["plan", "--topology", "v5e:2x4", "--size", "480"], "--size must be HEIGHTxWIDTH"),
+        (["train", "export", "--vae-run", "/nonexistent"], "not found: train both stages"),
+        (["train", "export", "--into-package", "--out", "x"], "--out or --into-package"),
+    ],
+)
+def test_every_subcommand_reports_user_errors_in_one_line(args, message, tmp_path):
+    # `train` and `eval` errors used to end in 36-59 line tracebacks.
+    if args[:2] == ["train", "vae"]:
+        args = [*args, "--run-dir", str(tmp_path)]
+    _one_error_line(runner.invoke(app, args), message)
+
+
+def test_export_writes_to_a_folder_the_user_names_not_the_package(tmp_path, monkeypatch):
+    vae_run, dit_run = tmp_path / "vae", tmp_path / "dit"
+    vae_run.mkdir()
+    dit_run.mkdir()
+    (vae_run / "vae.safetensors").write_bytes(b"vae")
+    (vae_run / "latent_stats.json").write_text('{"mean": [0.0], "std": [1.0]}')
+    (dit_run / "transformer.safetensors").write_bytes(b"dit")
+    shipped = (ASSETS / "tiny" / "transformer.safetensors").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["train", "export", "--vae-run", "vae", "--dit-run", "dit"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "export" / "transformer.safetensors").read_bytes() == b"dit"
+    assert (tmp_path / "runs" / "export" / "latent_stats.json").exists()
+    assert (ASSETS / "tiny" / "transformer.safetensors").read_bytes() == shipped
+    args = ["train", "export", "--vae-run", "vae", "--dit-run", "dit", "--out", "mine"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert (tmp_path / "mine" / "vae.safetensors").read_bytes() == b"vae"

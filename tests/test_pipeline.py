@@ -4,15 +4,16 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from vidax import pipeline
-from vidax.checkpoint import save_file, save_model
+from vidax import pipeline, sampling
+from vidax.checkpoint import CheckpointError, open_checkpoint, save_file, save_model
 from vidax.models import get, get_vae, wan, wan_vae
+from vidax.pipeline import RandomWeightsWarning
 
-pytestmark = pytest.mark.filterwarnings("ignore:no (VAE )?weights")
 SMALL = dict(num_frames=5, height=32, width=32, steps=2)
 
 
@@ -129,7 +130,10 @@ def test_umt5_text_encoder_from_the_checkpoint_folder(tiny, checkpoint_dir, tmp_
 @pytest.mark.parametrize("name", ["hunyuanvideo-tiny", "hunyuanvideo1.5-tiny"])
 def test_hunyuan_families_share_the_loop(name):
     spec = get(name)
-    video = pipeline.generate(name, prompt="a red circle", decode_frames=False, **SMALL)
+    with pytest.warns(RandomWeightsWarning, match="runs its transformer on random"):
+        video = pipeline.generate(
+            name, prompt="a red circle", decode_frames=False, random_weights=True, **SMALL
+        )
     assert video.latents.shape == (1, *pipeline.geometry(spec).latent_shape(5, 32, 32))
     assert np.isfinite(video.latents).all()
 
@@ -168,5 +172,58 @@ def test_unknown_model_and_missing_checkpoint(tmp_path):
         pipeline.generate("wan3", prompt="x")
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         pipeline.generate("tiny", prompt="x", checkpoint=tmp_path / "nope", **SMALL)
-    with pytest.raises(ValueError, match="needs its text encoder"):
+    with pytest.raises(CheckpointError, match=r"transformer, VAE \(wan2.1\) and text encoder"):
         pipeline.generate("wan2.1-1.3b", prompt="x", num_frames=5, height=32, width=32, steps=1)
+    # Random weights cannot stand in for umT5: still an error, naming only the text encoder.
+    with pytest.raises(CheckpointError, match=r"its text encoder \(umt5-xxl\): pass --check"):
+        pipeline.generate("wan2.1-1.3b", prompt="x", random_weights=True)
+
+
+def test_missing_weights_are_an_error_unless_random_weights_are_asked_for():
+    spec = get("tiny-v2").with_config(num_layers=1)  # no shipped transformer, VAE, text encoder
+    with pytest.raises(CheckpointError, match="transformer, VAE \\(shapes\\) and text encoder"):
+        pipeline.generate(spec, prompt="x", **SMALL)
+    loaders = {
+        "transformer": lambda **kw: pipeline.load_transformer(spec, None, **kw),
+        "VAE": lambda **kw: pipeline.load_vae(spec, None, **kw),
+        "text encoder": lambda **kw: pipeline.load_text_encoder(spec, **kw),
+    }
+    for part, load in loaders.items():
+        with pytest.raises(CheckpointError, match=f"'tiny-v2' has no weights for its {part}"):
+            load()
+        with pytest.warns(RandomWeightsWarning, match=f"runs its {part} on random"):
+            assert load(random_weights=True) is not None
+    # Given parts are not missing: only the VAE is, and decode_frames=False needs none.
+    assert pipeline.missing_weights(spec, transformer=False, text_encoder=False) == ["VAE"]
+    model = spec.build(seed=0)
+    with pytest.raises(CheckpointError, match="no weights for its text encoder \\(WordEncoder"):
+        pipeline.generate(spec, prompt="x", transformer=model, decode_frames=False, **SMALL)
+
+
+def test_a_nan_in_a_checkpoint_is_an_error_naming_file_and_key(tiny, checkpoint_dir, tmp_path):
+    source = checkpoint_dir / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = dict(open_checkpoint(source))
+    key = "blocks.0.attn1.to_q.weight"
+    tensors[key] = tensors[key].copy()
+    tensors[key][3, 5] = np.nan
+    save_file(tensors, tmp_path / "nan.safetensors")
+    with pytest.raises(CheckpointError, match=f"nan.safetensors: tensor '{key}' has 1 non-finite"):
+        pipeline.generate("tiny", prompt="x", checkpoint=tmp_path / "nan.safetensors", **SMALL)
+
+
+class _BlowsUp(nnx.Module):
+    """A "DiT" whose velocity is finite above timestep 600 and NaN below it."""
+
+    def __call__(self, x, timestep, **cond):
+        del cond
+        t = timestep.reshape(-1, *([1] * (x.ndim - 1)))
+        return jnp.where(t > 600, 0.1 * x, jnp.nan)
+
+
+def test_non_finite_latents_name_the_first_step_that_made_them():
+    solver = sampling.make_solver("euler", 4, 1.0)  # timesteps 1000, 750, 500, 250
+    noise = jax.random.normal(jax.random.key(0), (1, 2, 4, 4, 4))
+    with pytest.raises(
+        ValueError, match="non-finite latents \\(NaN or inf\\) at denoising step 3 of 4"
+    ):
+        pipeline.denoise(_BlowsUp(), noise, {}, None, solver=solver, guidance=1.0)

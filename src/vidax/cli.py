@@ -7,12 +7,13 @@ import functools
 import sys
 import time
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vidax.dvg.command import DEFAULT_BUDGET, AccelOption, BudgetOption
+from vidax.dvg.command import AccelOption, BudgetOption
 from vidax.dvg.command import generate_kwargs as dvg_options
 
 app = typer.Typer(
@@ -23,24 +24,47 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Errors a user can cause (bad flags, files, shapes): reported in one line, no traceback.
+# Errors a user can cause (bad flags, files, shapes, checkpoints: `CheckpointError` is a
+# ValueError): reported in one line, no traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, NotImplementedError)
 
 
 def user_errors(fn):
-    """Turns user errors into a one-line message and exit code 2."""
+    """Turns user errors into a one-line message and exit code 2, and warnings into one line
+    each (`warning: ...`; random weights in bold red)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except USER_ERRORS as e:
-            from rich.console import Console
-
-            Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
-            raise typer.Exit(2) from None
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line
+            try:
+                return fn(*args, **kwargs)
+            except USER_ERRORS as e:
+                _stderr().print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
 
     return wrapper
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    from vidax.pipeline import RandomWeightsWarning
+
+    style = "bold red" if issubclass(category, RandomWeightsWarning) else "yellow"
+    _stderr().print(f"[{style}]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _report_user_errors(typer_app: typer.Typer) -> None:
+    """Wraps every command of `typer_app` (and of its sub-apps) in `user_errors`."""
+    for info in typer_app.registered_commands:
+        info.callback = user_errors(info.callback)
+    for group in typer_app.registered_groups:
+        _report_user_errors(group.typer_instance)
 
 
 def parse_overrides(config, overrides: list[str]):
@@ -77,7 +101,10 @@ def override_changes(config, overrides: list[str]) -> dict:
 
 
 class _Progress:
-    """A rich progress bar over denoising steps, fed from inside the jitted loop."""
+    """A rich progress bar over denoising steps, fed from inside the jitted loop.
+
+    The bar appears with the first step, so an error before sampling prints no empty bar.
+    """
 
     def __init__(self, total: int, description: str):
         from rich.progress import (
@@ -96,22 +123,29 @@ class _Progress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             transient=False,
+            console=_stderr(),
         )
         self.task = self.progress.add_task(description, total=total)
+        self.started = False
 
     def step(self, i) -> None:
-        self.progress.update(self.task, completed=int(i) + 1)
+        self.update(int(i) + 1)
+
+    def update(self, completed: int, total: int | None = None) -> None:
+        if not self.started:
+            self.progress.start()
+            self.started = True
+        self.progress.update(self.task, completed=completed, total=total)
 
     def __enter__(self):
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
+        if self.started:
+            self.progress.stop()
 
 
 @app.command()
-@user_errors
 def generate(
     prompt: Annotated[
         str | None, typer.Option(help="Text prompt (built-in text embedder).")
@@ -142,26 +176,54 @@ def generate(
         ),
     ] = None,
     accel: AccelOption = "none",
-    budget: BudgetOption = DEFAULT_BUDGET,
+    budget: BudgetOption = None,
     plan: Annotated[
         Path | None, typer.Option(help="Run sharded with a plan written by `vidax plan`.")
     ] = None,
     stream: Annotated[
         bool, typer.Option(help="Causal models: write the video chunk by chunk as it is made.")
     ] = False,
+    random_weights: Annotated[
+        bool,
+        typer.Option(
+            help="Run parts without weights (see `vidax models`) on random initialisation: "
+            "the output is noise (tests, timing)."
+        ),
+    ] = False,
 ) -> None:
     """Generate a video and write it as mp4."""
-    from rich.console import Console
-
     from vidax import models, pipeline
+    from vidax.forcing.command import is_causal
     from vidax.video import write_video
 
-    console = Console(stderr=True)
-    from vidax.forcing.command import is_causal
-
+    console = _stderr()
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    if is_causal(model):
+        ignored = {
+            "--accel": accel != "none",
+            "--budget": budget is not None,
+            "--steps": steps is not None,
+            "--guidance": guidance is not None,
+            "--shift": shift is not None,
+            "--sampler": sampler is not None,
+            "--negative-prompt": negative_prompt != "",
+            "--checkpoint": checkpoint is not None,
+            "--prompt-embeds": prompt_embeds is not None,
+            "--plan": plan is not None,
+        }
+        given = [flag for flag, used in ignored.items() if used]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to the "
+                f"causal model {model!r}: it streams chunk by chunk with its own few-step "
+                "schedule and shipped weights, without classifier-free guidance (--set edits "
+                "its ForcingConfig)"
+            )
     if is_causal(model) or stream:
-        _stream(model, prompt, out, frames, height, width, seed, stream, set_, console)
+        _stream(model, prompt, out, frames, height, width, seed, set_, random_weights)
         return
+    accel_options = dvg_options(accel, budget)
     spec = models.get(model)
     if set_:
         spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
@@ -177,7 +239,7 @@ def generate(
         from vidax.planner.command import load_plan
 
         mesh, strategy = load_plan(plan)
-    n_steps = steps or spec.defaults.steps
+    n_steps = spec.defaults.steps if steps is None else steps
     start = time.perf_counter()
     with _Progress(n_steps, f"denoising ({spec.name})") as bar:
         video = pipeline.generate(
@@ -198,7 +260,8 @@ def generate(
             mesh=mesh,
             strategy=strategy,
             on_step=bar.step,
-            **dvg_options(accel, budget),
+            random_weights=random_weights,
+            **accel_options,
         )
     if video.frames is None:
         raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
@@ -210,7 +273,7 @@ def generate(
     )
 
 
-def _stream(model, prompt, out, frames, height, width, seed, stream, set_, console) -> None:
+def _stream(model, prompt, out, frames, height, width, seed, set_, random_weights) -> None:
     """`vidax generate` for causal (autoregressive) models; `--set` edits the `ForcingConfig`."""
     from vidax.forcing.command import is_causal, stream_generate
     from vidax.forcing.presets import get as get_causal
@@ -219,14 +282,12 @@ def _stream(model, prompt, out, frames, height, width, seed, stream, set_, conso
         raise ValueError(f"--stream needs a causal model (e.g. tiny-causal), not {model!r}")
     if prompt is None:
         raise ValueError("give --prompt")
-    if not stream:
-        console.print(f"{model} is causal: streaming chunk by chunk")
     overrides = override_changes(get_causal(model).forcing("sparse"), set_ or [])
     start = time.perf_counter()
-    with _Progress(1, f"chunks ({model})") as bar:
+    with _Progress(1, f"streaming chunks ({model} is causal)") as bar:
 
         def on_chunk(done: int, total: int, written: int) -> None:
-            bar.progress.update(bar.task, completed=done, total=total)
+            bar.update(done, total)
 
         result = stream_generate(
             model,
@@ -238,35 +299,54 @@ def _stream(model, prompt, out, frames, height, width, seed, stream, set_, conso
             seed=seed,
             forcing_overrides=overrides or None,
             on_chunk=on_chunk,
+            random_weights=random_weights,
         )
-    console.print(
+    _stderr().print(
         f"wrote {result.path} ({result.frames} frames in {result.chunks} chunks, "
         f"{time.perf_counter() - start:.1f}s)"
     )
 
 
 @app.command("models")
-@user_errors
 def list_models() -> None:
-    """List model presets with their parameter counts."""
-    from rich.console import Console
-    from rich.table import Table
+    """List model presets (causal ones too): sizes, parts, and whether weights ship with vidax."""
+    from vidax import models, pipeline
+    from vidax.forcing.presets import PRESETS as CAUSAL
 
-    from vidax import models
-
-    table = Table("preset", "family", "params", "vae", "text encoder", "default size")
-    for name in models.names():
-        spec = models.get(name)
+    rows = []
+    for name in sorted([*models.names(), *CAUSAL]):
+        if name in CAUSAL:
+            preset = CAUSAL[name]
+            spec, family, frames = preset.spec, f"{preset.spec.family} causal", preset.num_frames
+            shipped = all(preset.weights_path(a) for a in ("dense", "sparse")) and not (
+                pipeline.missing_weights(spec, transformer=False)
+            )
+        else:
+            spec = models.get(name)
+            family, frames = spec.family, spec.defaults.num_frames
+            shipped = not pipeline.missing_weights(spec)
         d = spec.defaults
-        table.add_row(
-            name,
-            spec.family,
-            _human(spec.num_params()),
-            str(spec.vae),
-            spec.text_encoder,
-            f"{d.num_frames}x{d.height}x{d.width}",
+        rows.append(
+            (
+                (
+                    name,
+                    _human(spec.num_params()),
+                    f"{frames}x{d.height}x{d.width}",
+                    "shipped" if shipped else "needs --checkpoint",
+                ),
+                f"{family} DiT, VAE {spec.vae}, text encoder {spec.text_encoder}",
+            )
         )
-    Console().print(table)
+    # Plain text, two lines a preset: nothing is cut, and a row fits 80 columns.
+    header = ("preset", "params", "frames x h x w", "weights")
+    widths = [max(len(r[0][i]) for r in [(header, ""), *rows]) for i in range(len(header))]
+
+    def line(cells) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    typer.echo(line(header))
+    for cells, parts in rows:
+        typer.echo(f"{line(cells)}\n    {parts}")
 
 
 def _human(n: int) -> str:
@@ -283,6 +363,7 @@ def _register_subcommands() -> None:
 
     register_plan(app)
     register_train(app)
+    _report_user_errors(app)
 
 
 _register_subcommands()

@@ -7,6 +7,11 @@ All families go through `denoise`: one `jax.jit` around the whole sampler loop (
 classifier-free guidance batched into one forward per step. What differs between families is
 confined to a small `Adapter` (how text embeddings become model keyword arguments, and how a latent
 becomes the model input), so no family copies the loop.
+
+Nothing runs on weights nobody asked for: a part without weights (in the checkpoint or shipped)
+is an error naming it, unless `random_weights=True` (`--random-weights`) asks for random
+initialisation, which then warns once (`RandomWeightsWarning`). Non-finite latents after sampling
+are an error naming the first step that produced them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import sampling
+from vidax.checkpoint import CheckpointError
 from vidax.models.registry import ModelSpec, get, get_vae
 
 Conditioning = dict[str, Any]
@@ -185,12 +191,14 @@ def embed_prompts(
     checkpoint: str | os.PathLike | None = None,
     *,
     text_encoder=None,
+    random_weights: bool = False,
 ) -> PromptEmbeds:
     """Prompt embeddings with the spec's text encoder.
 
     "hashed" presets use the built-in embedder, then (where `spec.text_config` is set) the
-    trained `WordEncoder`: `text_encoder` if given, else `load_text_encoder`. Wan presets use
-    umT5 when `checkpoint` is a diffusers pipeline folder with `text_encoder/` and `tokenizer/`.
+    trained `WordEncoder`: `text_encoder` if given, else `load_text_encoder` (with
+    `random_weights`). Wan presets use umT5 when `checkpoint` is a diffusers pipeline folder
+    with `text_encoder/` and `tokenizer/`.
     Other encoders (LLaVA, Qwen) are not ported: pass precomputed embeddings
     (`load_prompt_embeds`).
     """
@@ -201,7 +209,9 @@ def embed_prompts(
         if spec.text_config is not None:
             t = spec.text_config
             words, mask = HashedTextEmbedder(dim=t.in_dim, text_len=t.text_len)(prompts)
-            encoder = text_encoder or load_text_encoder(spec, checkpoint)
+            encoder = text_encoder or load_text_encoder(
+                spec, checkpoint, random_weights=random_weights
+            )
             embeds = _compiled_text(nnx.graphdef(encoder))(
                 nnx.state(encoder), jnp.asarray(words), jnp.asarray(mask)
             )
@@ -231,22 +241,35 @@ def embed_prompts(
 TEXT_ENCODER_FILE = "text_encoder.safetensors"
 
 
-def load_text_encoder(spec: ModelSpec, checkpoint: str | os.PathLike | None = None):
+def load_text_encoder(
+    spec: ModelSpec, checkpoint: str | os.PathLike | None = None, *, random_weights: bool = False
+):
     """The spec's trained `WordEncoder`: `<checkpoint>/text_encoder.safetensors` (a weights
-    folder), else the shipped one, else (warning) random weights."""
-    from vidax.text import encoder as word_encoder
+    folder), else the shipped one, else (only with `random_weights`, warning) random weights.
 
+    Raises:
+      CheckpointError: no weights and not `random_weights`.
+    """
     if spec.text_config is None:
         raise ValueError(f"model {spec.name!r} has no trained text encoder")
-    path = None
-    if checkpoint is not None and (Path(checkpoint) / TEXT_ENCODER_FILE).is_file():
-        path = Path(checkpoint) / TEXT_ENCODER_FILE
-    path = path or _shipped(spec, TEXT_ENCODER_FILE)
+    path = _text_encoder_path(spec, checkpoint)
     if path is not None:
         return _cached_text_encoder(str(path), spec.text_config)
-    warnings.warn(
-        f"no text encoder weights for {spec.name!r}: using random initialisation", stacklevel=2
-    )
+    if not random_weights:
+        raise CheckpointError(missing_message(spec, [TEXT_ENCODER]))
+    _warn_random(spec, [TEXT_ENCODER])
+    return _random_text_encoder(spec)
+
+
+def _text_encoder_path(spec: ModelSpec, checkpoint) -> Path | None:
+    if checkpoint is not None and (Path(checkpoint) / TEXT_ENCODER_FILE).is_file():
+        return Path(checkpoint) / TEXT_ENCODER_FILE
+    return _shipped(spec, TEXT_ENCODER_FILE)
+
+
+def _random_text_encoder(spec: ModelSpec):
+    from vidax.text import encoder as word_encoder
+
     return word_encoder.WordEncoder(spec.text_config, rngs=nnx.Rngs(0))
 
 
@@ -385,11 +408,53 @@ def denoise(
       guidance: classifier-free guidance scale (1 disables CFG).
       model_input: maps the latent to the model input (default: identity).
       on_step: host callback after each step (progress bars).
+
+    Raises:
+      ValueError: the latent turned non-finite (NaN or inf), naming the first step where it did.
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, model_input, on_step)
-    return run(state, noise, cond, negative if use_cfg else None)
+    latents, first_bad = run(state, noise, cond, negative if use_cfg else None)
+    # One scalar read after the whole loop: no per-step host sync.
+    step = int(first_bad)
+    if step >= 0:
+        raise ValueError(
+            f"sampling produced non-finite latents (NaN or inf) at denoising step {step + 1} of "
+            f"{solver.num_steps}: check the weights, the prompt embeddings and the guidance scale"
+        )
+    return latents
+
+
+@dataclasses.dataclass(frozen=True)
+class _WatchFinite:
+    """A solver that also carries the first step whose output is not finite (-1: none yet).
+
+    The check is one reduction over the latent per step, inside the compiled loop.
+    """
+
+    solver: Any
+
+    @property
+    def num_steps(self) -> int:
+        return self.solver.num_steps
+
+    @property
+    def sigmas(self) -> np.ndarray:
+        return self.solver.sigmas
+
+    @property
+    def timesteps(self) -> np.ndarray:
+        return self.solver.timesteps
+
+    def init(self, x):
+        return self.solver.init(x), jnp.asarray(-1, jnp.int32)
+
+    def step(self, state, i, x, v):
+        inner, first_bad = state
+        x, inner = self.solver.step(inner, i, x, v)
+        bad = (first_bad < 0) & ~jnp.isfinite(x).all()
+        return x, (inner, jnp.where(bad, jnp.asarray(i, jnp.int32), first_bad))
 
 
 @functools.lru_cache(maxsize=16)
@@ -408,7 +473,12 @@ def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input
             velocity = sampling.classifier_free_guidance(model_fn, cond, negative, guidance)
         else:
             velocity = lambda x, t: model_fn(x, t, cond)
-        return sampling.sample(velocity, noise.astype(jnp.float32), solver, on_step=on_step)
+        watched = _WatchFinite(solver)
+        x = noise.astype(jnp.float32)
+        x, (_, first_bad) = sampling.sample_steps(
+            velocity, x, watched, watched.init(x), start=0, stop=solver.num_steps, on_step=on_step
+        )
+        return x, first_bad
 
     return run
 
@@ -416,11 +486,102 @@ def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input
 # -- models ---------------------------------------------------------------------------------------
 
 
+# The parts of a preset that need weights, as `missing_weights` names them.
+TRANSFORMER, VAE, TEXT_ENCODER = "transformer", "VAE", "text encoder"
+
+
+class RandomWeightsWarning(UserWarning):
+    """A part of a model runs on random initialisation because the caller asked for it."""
+
+
+def missing_weights(
+    spec: ModelSpec,
+    checkpoint: str | os.PathLike | None = None,
+    *,
+    transformer: bool = True,
+    vae: bool = True,
+    text_encoder: bool = True,
+) -> list[str]:
+    """The parts of `spec` (among those asked about) with no weights in `checkpoint` or shipped.
+
+    Returns:
+      A sublist of [TRANSFORMER, VAE, TEXT_ENCODER]; a transformer counts as present whenever a
+      checkpoint is given (its loader reports what the checkpoint lacks).
+
+    Raises:
+      FileNotFoundError: `checkpoint` does not exist.
+    """
+    root = None
+    if checkpoint is not None:
+        root = Path(checkpoint)
+        if not root.exists():
+            raise FileNotFoundError(f"checkpoint not found: {root}")
+    missing = []
+    if transformer and root is None and _shipped(spec, "transformer.safetensors") is None:
+        missing.append(TRANSFORMER)
+    if vae and spec.vae is not None and _vae_path(spec, root) is None:
+        missing.append(VAE)
+    if text_encoder and not _has_text_encoder(spec, root):
+        missing.append(TEXT_ENCODER)
+    return missing
+
+
+def _has_text_encoder(spec: ModelSpec, root: Path | None) -> bool:
+    if spec.text_encoder == "hashed":  # built in; a trained WordEncoder on top needs weights
+        return spec.text_config is None or _text_encoder_path(spec, root) is not None
+    if spec.text_encoder.startswith("umt5"):
+        return root is not None and (root / "text_encoder").is_dir()
+    return False  # not ported: only precomputed embeddings
+
+
+def missing_message(spec: ModelSpec, missing: list[str]) -> str:
+    """One line naming what `spec` has no weights for, and the ways out (random weights can
+    stand in for the transformer, the VAE and a trained `WordEncoder`, not for umT5 or LLaVA)."""
+    real_text = TEXT_ENCODER in missing and spec.text_encoder != "hashed"
+    names = {
+        TRANSFORMER: "transformer",
+        VAE: f"VAE ({spec.vae})",
+        TEXT_ENCODER: f"text encoder ({spec.text_encoder if real_text else 'WordEncoder'})",
+    }
+    parts = [names[m] for m in missing]
+    what = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    fix = "pass --checkpoint DIR"
+    if real_text and spec.text_encoder.startswith("umt5"):
+        fix += " (with text_encoder/ and tokenizer/ for the text encoder) or --prompt-embeds"
+    elif real_text:
+        fix = "pass --prompt-embeds (vidax does not run this text encoder)"
+        fix += " and --checkpoint DIR" if len(missing) > 1 else ""
+    if any(m != TEXT_ENCODER or not real_text for m in missing):
+        fix += ", or --random-weights to run on random weights (the output is noise)"
+    return f"model {spec.name!r} has no weights for its {what}: {fix}"
+
+
+def _warn_random(spec: ModelSpec, parts: list[str]) -> None:
+    warnings.warn(
+        RandomWeightsWarning(
+            f"RANDOM WEIGHTS (--random-weights): {spec.name!r} runs its {', '.join(parts)} on "
+            "random initialisation; the output is noise"
+        ),
+        stacklevel=3,
+    )
+
+
 def load_transformer(
-    spec: ModelSpec, checkpoint: str | os.PathLike | None, *, mesh=None, strategy=None
+    spec: ModelSpec,
+    checkpoint: str | os.PathLike | None,
+    *,
+    mesh=None,
+    strategy=None,
+    random_weights: bool = False,
 ):
     """The spec's DiT from `checkpoint` (diffusers layout: a pipeline dir with `transformer/`, a
-    transformer dir, index or file), or its shipped weights, or (warning) random weights."""
+    transformer dir, index or file), or its shipped weights, or (only with `random_weights`,
+    warning) random weights.
+
+    Raises:
+      FileNotFoundError: `checkpoint` does not exist.
+      CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
+    """
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.exists():
@@ -431,10 +592,13 @@ def load_transformer(
     shipped = _shipped(spec, "transformer.safetensors")
     if shipped is not None:
         return spec.loader(shipped, spec.config, mesh=mesh, strategy=strategy)
-    warnings.warn(
-        f"no weights for {spec.name!r}: using random initialisation (output will be noise)",
-        stacklevel=2,
-    )
+    if not random_weights:
+        raise CheckpointError(missing_message(spec, [TRANSFORMER]))
+    _warn_random(spec, [TRANSFORMER])
+    return _random_transformer(spec, mesh, strategy)
+
+
+def _random_transformer(spec: ModelSpec, mesh, strategy):
     model = spec.build(seed=0)
     if mesh is not None:
         from vidax.sharding import param_shardings
@@ -444,18 +608,31 @@ def load_transformer(
     return model
 
 
-def load_vae(spec: ModelSpec, checkpoint: str | os.PathLike | None):
-    """The spec's VAE from `<checkpoint>/vae`, its shipped weights, or (warning) random weights."""
+def load_vae(
+    spec: ModelSpec, checkpoint: str | os.PathLike | None, *, random_weights: bool = False
+):
+    """The spec's VAE from `<checkpoint>/vae`, its shipped weights, or (only with
+    `random_weights`, warning) random weights; None for a spec without a VAE.
+
+    Raises:
+      CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
+    """
     if spec.vae is None:
         return None
     vae = get_vae(spec.vae)
-    if checkpoint is not None and (Path(checkpoint) / "vae").is_dir():
-        return vae.loader(Path(checkpoint) / "vae", vae.config)
-    shipped = _shipped(spec, "vae.safetensors")
-    if shipped is not None:
-        return vae.loader(shipped, vae.config)
-    warnings.warn(f"no VAE weights for {spec.name!r}: using random initialisation", stacklevel=2)
+    path = _vae_path(spec, None if checkpoint is None else Path(checkpoint))
+    if path is not None:
+        return vae.loader(path, vae.config)
+    if not random_weights:
+        raise CheckpointError(missing_message(spec, [VAE]))
+    _warn_random(spec, [VAE])
     return vae.build(seed=0)
+
+
+def _vae_path(spec: ModelSpec, root: Path | None) -> Path | None:
+    if root is not None and (root / "vae").is_dir():
+        return root / "vae"
+    return _shipped(spec, "vae.safetensors")
 
 
 def _shipped(spec: ModelSpec, filename: str) -> Path | None:
@@ -505,6 +682,7 @@ def generate(
     on_step: Callable[[int], None] | None = None,
     accel: str = "none",
     budget: float | None = None,
+    random_weights: bool = False,
 ) -> Video:
     """Generates a video from a prompt or precomputed embeddings.
 
@@ -526,6 +704,13 @@ def generate(
         "temporal", "joint", or "none" (this module's sampler).
       budget: for accel != "none", the fraction of full-sampling compute to spend (default
         `vidax.dvg.DEFAULT_BUDGET`).
+      random_weights: run the parts that have no weights (transformer, VAE, trained text
+        encoder) on random initialisation, with one `RandomWeightsWarning`; without it, missing
+        weights are a `CheckpointError` naming every missing part.
+
+    Raises:
+      CheckpointError: missing weights (see random_weights) or a checkpoint that does not fit.
+      ValueError: bad settings, or non-finite latents after sampling (naming the step).
     """
     spec = get(model) if isinstance(model, str) else model
     family = adapter(spec)
@@ -545,6 +730,22 @@ def generate(
 
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError("pass exactly one of prompt and prompt_embeds")
+    # Every missing part is named at once, before anything loads.
+    missing = missing_weights(
+        spec,
+        checkpoint,
+        transformer=transformer is None,
+        vae=decode_frames and vae is None,
+        text_encoder=prompt is not None and text_encoder is None,
+    )
+    if missing and not random_weights:
+        raise CheckpointError(missing_message(spec, missing))
+    if TEXT_ENCODER in missing and spec.text_config is None:  # umT5, LLaVA: no random stand-in
+        raise CheckpointError(missing_message(spec, [TEXT_ENCODER]))
+    if missing:
+        _warn_random(spec, missing)
+    if TEXT_ENCODER in missing and spec.text_config is not None:
+        text_encoder = _random_text_encoder(spec)
     if prompt is not None:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         text = embed_prompts(spec, prompts, checkpoint, text_encoder=text_encoder)
@@ -573,7 +774,9 @@ def generate(
 
     solver = sampling.make_solver(sampler or d.sampler, steps, shift)
     noise = jax.random.normal(jax.random.key(seed), (text.batch, *shape), jnp.float32)
-    if transformer is None:
+    if transformer is None and TRANSFORMER in missing:
+        transformer = _random_transformer(spec, mesh, strategy)
+    elif transformer is None:
         transformer = load_transformer(spec, checkpoint, mesh=mesh, strategy=strategy)
     model_input = None
     if family.model_input is not ADAPTERS["wan"].model_input:
@@ -614,10 +817,15 @@ def generate(
             latents = run(noise, cond, negative)
     else:
         latents = run(noise, cond, negative)
+    if not np.isfinite(np.asarray(latents)).all():  # `denoise` names the step; dvg cannot
+        raise ValueError(f"sampling (--accel {accel}) produced non-finite latents (NaN or inf)")
 
     frames = None
     if decode_frames:
-        vae = vae if vae is not None else load_vae(spec, checkpoint)
+        if vae is None and VAE in missing:
+            vae = get_vae(spec.vae).build(seed=0)
+        elif vae is None:
+            vae = load_vae(spec, checkpoint)
         if vae is not None:
             frames = decode(vae, latents)
             frames = frames[0] if frames.shape[0] == 1 else frames

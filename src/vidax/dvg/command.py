@@ -4,7 +4,7 @@
 `vidax.pipeline.generate`:
 
     accel: AccelOption = "none",
-    budget: BudgetOption = DEFAULT_BUDGET,
+    budget: BudgetOption = None,
     ...
     pipeline.generate(spec, ..., **dvg_command.generate_kwargs(accel, budget))
 """
@@ -30,12 +30,13 @@ AccelOption = Annotated[
     ),
 ]
 BudgetOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--budget",
         help=(
             "Speed/quality preference for --accel: the fraction of full-sampling compute to "
-            "spend, in (0, 1] (default 0.2: ~5x fewer token-steps; 1 = no reduction)."
+            "spend, in (0, 1] (default 0.2: ~5x fewer token-steps; 1 = no reduction). "
+            "Needs --accel."
         ),
     ),
 ]
@@ -43,13 +44,21 @@ BudgetOption = Annotated[
 __all__ = ["CLI_MODES", "DEFAULT_BUDGET", "AccelOption", "BudgetOption", "generate_kwargs"]
 
 
-def generate_kwargs(accel: str, budget: float) -> dict:
+def generate_kwargs(accel: str, budget: float | None) -> dict:
     """Validated `accel`/`budget` keyword arguments for `vidax.pipeline.generate`.
 
-    Raises ValueError (a one-line CLI error) on an unknown mode or a budget outside (0, 1].
+    `budget` None means the default (`DEFAULT_BUDGET`). Raises ValueError (a one-line CLI error)
+    on an unknown mode, a budget outside (0, 1], or a budget without an accelerated mode.
     """
     if accel not in ACCEL_MODES:
         raise ValueError(f"--accel must be one of {', '.join(CLI_MODES)}, got {accel!r}")
+    if budget is None:
+        return {"accel": accel, "budget": DEFAULT_BUDGET}
     if not 0 < budget <= 1:
         raise ValueError(f"--budget must be in (0, 1], got {budget}")
+    if accel == "none":
+        raise ValueError(
+            f"--budget {budget} needs --accel ({', '.join(CLI_MODES[:-1])}): without it every "
+            "step runs at full resolution"
+        )
     return {"accel": accel, "budget": budget}

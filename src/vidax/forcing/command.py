@@ -61,6 +61,7 @@ def stream_generate(
     transformer: CausalWan | None = None,
     vae=None,
     on_chunk: ChunkCallback | None = None,
+    random_weights: bool = False,
 ) -> StreamResult:
     """Generates a video chunk by chunk, appending each decoded chunk to `out` as it is made.
 
@@ -77,10 +78,14 @@ def stream_generate(
       forcing_overrides: `ForcingConfig` fields to replace (cache and budget experiments).
       transformer, vae: already-built models (skip loading).
       on_chunk: called after each chunk is written with (done, total, frames_written).
+      random_weights: run a part without weights on random initialisation (warns) instead of
+        failing.
 
     Raises:
       ValueError: with a one-line reason for impossible sizes or cache/budget settings (a
-        budget larger than the window, a chunk that does not divide the latent frames, ...).
+        budget larger than the window, a chunk that does not divide the latent frames, ...),
+        or for a chunk whose latents are not finite.
+      CheckpointError: missing weights (without `random_weights`).
     """
     from vidax.pipeline import LatentGeometry, embed_prompts, geometry, load_vae
     from vidax.video import VideoWriter
@@ -119,10 +124,12 @@ def stream_generate(
         ) from None
     _, ph, pw = spec.config.patch_size
     forcing.layout((h // ph, w // pw))  # block size and budgets, before anything is loaded
-    causal = transformer if transformer is not None else load_causal(preset, attention, weights)
-    vae = vae if vae is not None else load_vae(spec, None)
+    causal = transformer
+    if causal is None:
+        causal = load_causal(preset, attention, weights, random_weights=random_weights)
+    vae = vae if vae is not None else load_vae(spec, None, random_weights=random_weights)
     layout = causal.layout(forcing, (h, w))
-    text = embed_prompts(spec, [prompt])
+    text = embed_prompts(spec, [prompt], random_weights=random_weights)
     context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
     stepper = ChunkStepper(causal, layout, latent_hw=(h, w), channels=c)
     decoder = StreamDecoder(vae)
@@ -133,10 +140,15 @@ def stream_generate(
         for i in range(num_chunks):
             start = time.perf_counter()
             x0, cache = stepper(cache, i, key, context)
+            latents.append(np.asarray(x0[0]))  # the chunk is read back anyway: a free check
+            if not np.isfinite(latents[-1]).all():
+                raise ValueError(
+                    f"sampling produced non-finite latents (NaN or inf) in chunk {i + 1} of "
+                    f"{num_chunks}: check the weights"
+                )
             pixels = decoder(x0)
             writer.write(pixels[0])
             seconds.append(time.perf_counter() - start)
-            latents.append(np.asarray(x0[0]))
             if on_chunk is not None:
                 on_chunk(i + 1, num_chunks, writer.frames_written)
     return StreamResult(

@@ -109,9 +109,17 @@ def get(name: str) -> CausalPreset:
         ) from None
 
 
-def load_causal(preset: CausalPreset, attention: str, path=None) -> CausalWan:
+def load_causal(
+    preset: CausalPreset, attention: str, path=None, *, random_weights: bool = False
+) -> CausalWan:
     """The causal model for `attention`: `path`, the shipped causal weights, else the base
-    model's shipped bidirectional weights (untrained as a causal model: warns), else random."""
+    model's shipped bidirectional weights (untrained as a causal model: warns), else (only with
+    `random_weights`, warning) random weights.
+
+    Raises:
+      FileNotFoundError: `path` does not exist.
+      CheckpointError: no weights at all and not `random_weights`.
+    """
     from vidax.pipeline import load_transformer
 
     spec = preset.spec
@@ -125,6 +133,5 @@ def load_causal(preset: CausalPreset, attention: str, path=None) -> CausalWan:
         f"{preset.base!r}, which was not trained to generate chunk by chunk",
         stacklevel=2,
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return CausalWan.from_transformer(load_transformer(get_model(preset.base), None))
+    base = load_transformer(get_model(preset.base), None, random_weights=random_weights)
+    return CausalWan.from_transformer(base)

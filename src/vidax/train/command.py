@@ -5,7 +5,7 @@ imports happen inside the commands; bad input raises `ValueError` with the reaso
 
     vidax train vae --run-dir runs/tiny-vae
     vidax train dit --run-dir runs/tiny-dit --vae-run runs/tiny-vae
-    vidax train export --vae-run runs/tiny-vae --dit-run runs/tiny-dit
+    vidax train export --vae-run runs/tiny-vae --dit-run runs/tiny-dit --out runs/export
     vidax eval --model tiny --seeds 2 --out runs/eval
 """
 
@@ -223,10 +223,18 @@ def export(
         "runs/tiny-dit"
     ),
     out: Annotated[
-        Path | None, typer.Option(help="Weights folder (default: the shipped vidax/assets/tiny).")
+        Path | None,
+        typer.Option(help="Weights folder, for `vidax eval --weights` (default: runs/export)."),
     ] = None,
+    into_package: Annotated[
+        bool,
+        typer.Option(
+            help="Overwrite the weights shipped in the installed package (vidax/assets/tiny), "
+            "which `vidax generate --model tiny` loads."
+        ),
+    ] = False,
 ) -> None:
-    """Copy the trained weights to the folder `vidax generate --model tiny` loads."""
+    """Copy the trained VAE and DiT weights into one folder (or, asked, into the package)."""
     import shutil
 
     from vidax.models.registry import get
@@ -236,7 +244,9 @@ def export(
     from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, load_stats
 
     spec = get("tiny")
-    out = out or ASSETS / spec.weights
+    if into_package and out is not None:
+        raise ValueError("give --out or --into-package, not both")
+    out = ASSETS / spec.weights if into_package else (out or Path("runs/export"))
     sources = [vae_run / WEIGHTS_FILE, vae_run / STATS_FILE, dit_run / TRANSFORMER_FILE]
     for path in sources:
         if not path.exists():
@@ -252,6 +262,8 @@ def export(
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(vae_run / WEIGHTS_FILE, out / "vae.safetensors")
     shutil.copyfile(dit_run / TRANSFORMER_FILE, out / "transformer.safetensors")
+    if not into_package:  # `vidax eval --weights` reads the statistics beside the VAE
+        shutil.copyfile(vae_run / STATS_FILE, out / "latent_stats.json")
     typer.echo(f"exported to {out}")
 
 
@@ -296,6 +308,8 @@ def evaluate(
     from vidax.metrics.harness import evaluate_prompts, format_table, write_report
     from vidax.models.registry import get
 
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
     if limit is not None and not 1 <= limit <= len(EVAL_PROMPTS):
         raise ValueError(f"--limit must be in [1, {len(EVAL_PROMPTS)}], got {limit}")
     if random < 0 or seed < 0:
@@ -316,6 +330,11 @@ def evaluate(
         sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
     if weights is not None:
         transformer, vae, text_encoder = load_weights(model, weights)
+    elif missing := pipeline.missing_weights(spec, text_encoder=spec.text_config is not None):
+        raise ValueError(
+            f"model {model!r} ships no weights for its {', '.join(missing)}: pass --weights DIR "
+            "(a folder written by `vidax train all` or `vidax train export`)"
+        )
     else:  # loaded once for every set
         transformer, vae = pipeline.load_transformer(spec, None), pipeline.load_vae(spec, None)
         text_encoder = pipeline.load_text_encoder(spec) if spec.text_config else None
