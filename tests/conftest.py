@@ -9,6 +9,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu (used only to compile for TPU topologies) guards itself with /tmp/libtpu_lockfile;
 # parallel or leftover test processes must not block each other.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# In-process CLI tests must not switch this process's jax onto a persistent compilation cache
+# (tests/test_compile_cache.py checks the cache in subprocesses).
+os.environ["VIDAX_COMPILE_CACHE"] = "0"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"

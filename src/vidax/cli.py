@@ -356,6 +356,24 @@ def _human(n: int) -> str:
     return str(n)
 
 
+@app.callback()
+def _options(
+    compile_cache: Annotated[
+        bool,
+        typer.Option(
+            "--compile-cache/--no-compile-cache",
+            help="Keep compiled programs across runs (jax's persistent cache in "
+            "$VIDAX_CACHE_DIR or ~/.cache/vidax/jax; VIDAX_COMPILE_CACHE=0 turns it off).",
+        ),
+    ] = True,
+) -> None:
+    """Video diffusion in JAX: generation, progressive sampling, sparse forcing, sharding plans."""
+    from vidax import compile_cache as cache
+
+    if compile_cache and cache.enabled_by_environment():
+        cache.enable()
+
+
 def _register_subcommands() -> None:
     """Commands implemented beside their subsystems (each keeps heavy imports lazy)."""
     from vidax.planner.command import register as register_plan
