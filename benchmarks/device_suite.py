@@ -1,0 +1,1336 @@
+"""vidax vs diffusers on one accelerator, section by section, in one prepared run.
+
+    python benchmarks/device_suite.py                       # every section -> runs/device_suite
+    python benchmarks/device_suite.py --sections ceilings,wan-step --out /tmp/suite
+    python benchmarks/device_suite.py --smoke               # toy sizes on the CPU, < 2 minutes
+    python benchmarks/device_suite.py --list
+
+A section is a function `fn(ctx) -> dict` registered with `@section(name, cap_s=...)`; sections
+run in registration order. After every section (and whenever one side of a comparison finishes)
+`results.json` and `table.md` are rewritten in `--out`; the table is printed last.
+
+Each section has a time cap. It plans its work to fit (fewer repeats, denoising steps or layers)
+and records what it scaled down under "scaled". A supervisor process runs the sections in a
+worker process and watches the caps: a worker whose section overruns its cap by more than a grace
+period is killed, a worker that dies (segfault, OOM kill) is noted, the section records the error
+and a new worker runs the remaining sections, so a crash or a hang costs one section, not the run.
+
+Both frameworks run in the same worker, vidax first, on the same device, from the same random
+weights: each model is built once (on the host) and saved as a diffusers-layout safetensors
+checkpoint under `--work`; vidax loads it through its key map (`vidax.checkpoint`), diffusers
+with `load_state_dict`, cast as `from_pretrained(torch_dtype=...)` casts. diffusers is imported
+only inside the torch side of a section, so without it the vidax numbers are still measured and
+the torch side records why it could not run. docs/gpu.md has the H200 command and how to read
+the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# Both frameworks share the device: JAX must not take 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's vidax
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vidax import dvg, pipeline, sampling
+from vidax.checkpoint import save_model
+from vidax.models import wan, wan_vae
+from vidax.models.registry import ModelSpec, get
+from vidax.nn.attention import _device as attention_device
+from vidax.nn.attention import choose_impl
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+DEFAULT_TOTAL_S = 435.0  # the caps below add up to this; 8 minutes with kill grace and pip
+MIN_SECTION_S = 10.0  # a section with less time left than this is skipped
+SMOKE_MIN_SECTION_S = 1.0
+# Denoising settings of Wan 2.1 at 480p (its diffusers scheduler config; the registry's defaults).
+STEPS, SHIFT, GUIDANCE = 50, 3.0, 5.0
+DVG_BUDGETS = (0.2, 0.33)
+# Toy models for --smoke: the same code paths at sizes a CPU runs in seconds.
+SMOKE_CONFIGS = {
+    "wan2.1-1.3b": wan.WanConfig(
+        dim=64, num_layers=2, num_heads=4, ffn_dim=128, text_dim=32, text_len=16, freq_dim=32
+    ),
+    "wan2.1-14b": wan.WanConfig(
+        dim=96, num_layers=3, num_heads=6, ffn_dim=192, text_dim=48, text_len=16, freq_dim=32
+    ),
+}
+SMOKE_VIDEOS = {"wan2.1-1.3b": (33, 128, 128), "wan2.1-14b": (17, 128, 128)}
+SMOKE_VAE_LATENT = (3, 8, 8)  # 9 frames of 64x64 through the `tiny` VAE preset
+
+
+# -- the section registry -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A registered section.
+
+    Attributes:
+      name: the name `--sections` takes.
+      run: `run(ctx) -> dict` of results (more may be recorded on the way with `ctx.record`).
+      cap_s: its time cap on the device (the smoke run caps it too, far above its needs).
+      headline: result keys that must hold numbers after a successful run (the smoke test checks
+        them).
+      row: results -> (vidax, diffusers, vidax/diffusers, notes) cells of the short table.
+    """
+
+    name: str
+    run: Callable[[Context], dict]
+    cap_s: float
+    headline: tuple[str, ...]
+    row: Callable[[dict], tuple[str, str, str, str]]
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def section(name: str, *, cap_s: float, headline: tuple[str, ...] = (), row=None):
+    """Registers `fn(ctx) -> dict` as the section `name` (run in registration order)."""
+
+    def register(fn):
+        SECTIONS[name] = Section(name, fn, cap_s, headline, row or _default_row)
+        return fn
+
+    return register
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One framework's half of a comparison: result fields and its output (for the diff)."""
+
+    fields: dict
+    output: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class Context:
+    """What a section sees: its sizes, its time, earlier results, and where to record."""
+
+    name: str
+    smoke: bool
+    deadline: float  # time.time() by which the section should be done
+    work: Path
+    report: Report
+
+    def left(self) -> float:
+        """Seconds left to this section's cap."""
+        return self.deadline - time.time()
+
+    def prior(self, name: str) -> dict:
+        """Results of an earlier section ({} if it did not run)."""
+        return self.report.sections.get(name, {}).get("results", {})
+
+    @property
+    def results(self) -> dict:
+        """This section's results so far."""
+        return self.prior(self.name)
+
+    def record(self, **values) -> None:
+        """Adds results now (kept even if the section fails or is killed later)."""
+        self.report.record(self.name, values)
+
+    def scaled(self, note: str) -> None:
+        """Says what the section scaled down to fit its cap (or the smoke run)."""
+        print(f"   [{self.name}] scaled: {note}", flush=True)
+        self.report.note(self.name, note)
+
+    def side(self, label: str, fn: Callable[..., Side], *args, **kwargs) -> Side | None:
+        """Runs one side of a comparison; records its fields, or its error (then returns None)."""
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as e:  # the other side still runs
+            traceback.print_exc()
+            self.report.error(self.name, label, e)
+            return None
+        finally:
+            _release()
+        self.record(**result.fields)
+        return result
+
+
+# -- the results files ----------------------------------------------------------------------------
+
+
+class Report:
+    """results.json + table.md in `out`, rewritten atomically on every change."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out / "results.json"
+        self.data = json.loads(self.path.read_text())
+
+    @classmethod
+    def fresh(cls, out: Path, names: list[str], args) -> Report:
+        """A new results.json: every section pending, the run's settings under "suite"."""
+        out.mkdir(parents=True, exist_ok=True)
+        caps = _caps(args.cap)
+        meta = {
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "smoke": args.smoke,
+            "total_seconds": args.total_seconds,
+            "argv": sys.argv[1:],
+        }
+        sections = {
+            n: {"status": "pending", "cap_s": caps[n], "headline": list(SECTIONS[n].headline)}
+            for n in names
+        }
+        _write_json(out / "results.json", {"suite": meta, "sections": sections})
+        report = cls(out)
+        report.write()
+        return report
+
+    @property
+    def sections(self) -> dict:
+        return self.data["sections"]
+
+    def reload(self) -> None:
+        with contextlib.suppress(OSError, json.JSONDecodeError):  # keep the last on a bad read
+            self.data = json.loads(self.path.read_text())
+
+    def status(self, name: str) -> str:
+        return self.sections[name]["status"]
+
+    def update(self, name: str, **fields) -> None:
+        self.sections[name].update(fields)
+        self.write()
+
+    def record(self, name: str, values: dict) -> None:
+        self.sections[name].setdefault("results", {}).update(_plain(values))
+        self.write()
+
+    def note(self, name: str, note: str) -> None:
+        self.sections[name].setdefault("scaled", []).append(note)
+        self.write()
+
+    def error(self, name: str, where: str, e: BaseException | str) -> None:
+        message = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        message = message if len(message) < 2000 else message[:2000] + " ..."
+        self.sections[name].setdefault("errors", {})[where] = message
+        self.write()
+
+    def write(self) -> None:
+        _write_json(self.path, self.data)
+        (self.out / "table.md").write_text(table(self.data))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=True))
+    tmp.replace(path)
+
+
+def _plain(values: dict) -> dict:
+    """JSON-ready values: numpy scalars to Python, floats rounded to 4 significant digits."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and math.isfinite(v) and v != 0:
+            v = float(f"{v:.4g}")
+        out[k] = v
+    return out
+
+
+# -- the short table ------------------------------------------------------------------------------
+
+
+def table(data: dict) -> str:
+    """The short markdown table: one row per section."""
+    suite = data["suite"]
+    env = suite.get("env", {})
+    title = f"device suite: {env.get('device', '?')}, {suite.get('started', '')}"
+    if suite.get("smoke"):
+        title += " (SMOKE: toy sizes, not a measurement)"
+    lines = [
+        f"# {title}",
+        "",
+        "| section | status | vidax | diffusers | vidax/diffusers | notes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in data["sections"].items():
+        status = s["status"] + (f" {s['seconds']:.0f} s" if "seconds" in s else "")
+        cells = ("", "", "", "")
+        if s.get("results") and name in SECTIONS:
+            try:
+                cells = SECTIONS[name].row(s["results"])
+            except Exception as e:  # a row never hides the results
+                cells = ("", "", "", f"(row failed: {e})")
+        notes = [cells[3]] if cells[3] else []
+        notes += [f"scaled: {n}" for n in s.get("scaled", [])]
+        notes += [f"{k} error: {_first_line(v)}" for k, v in s.get("errors", {}).items()]
+        if s.get("error"):
+            notes.append(s["error"])
+        row = [name, status, *cells[:3], "; ".join(notes)]
+        lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _num(r: dict, key: str, fmt: str = ".3g", unit: str = "") -> str:
+    v = r.get(key)
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:{fmt}}{unit}"
+
+
+def _default_row(r: dict) -> tuple[str, str, str, str]:
+    return ("", "", "", ", ".join(f"{k} {v}" for k, v in r.items()))
+
+
+def _memory_cell(r: dict, side: str) -> str:
+    """Peak device memory: measured where attributable, else the compiled program's footprint."""
+    if r.get(f"{side}_peak_gib") is not None:
+        return f"{r[f'{side}_peak_gib']:.1f} GiB"
+    if r.get(f"{side}_program_gib") is not None:
+        return f"program {r[f'{side}_program_gib']:.2f} GiB"
+    return "peak -"
+
+
+def _step_row(r: dict) -> tuple[str, str, str, str]:
+    cells = []
+    for side in ("vidax", "diffusers"):
+        cells.append(
+            f"{_num(r, side + '_ms', '.1f')} ms, MFU {_num(r, side + '_mfu', '.0%')}, "
+            f"{_memory_cell(r, side)}"
+        )
+    notes = (
+        f"max rel diff {_num(r, 'max_rel_diff', '.1e')}, {r.get('tokens', '?')} tokens x2, "
+        f"attention {r.get('attention', '?')}"
+    )
+    if "layers" in r:
+        notes = (
+            f"{r['layers']}/{r['full_layers']} layers; full-depth estimate "
+            f"{_num(r, 'vidax_ms_full_est', '.0f')} / {_num(r, 'diffusers_ms_full_est', '.0f')} ms; "
+            + notes
+        )
+    return cells[0], cells[1], _num(r, "ratio", ".2f"), notes
+
+
+def _vae_row(r: dict) -> tuple[str, str, str, str]:
+    cells = [
+        f"{_num(r, s + '_ms', '.0f')} ms, {_memory_cell(r, s)}" for s in ("vidax", "diffusers")
+    ]
+    notes = f"{r.get('frames')} frames, max rel diff {_num(r, 'max_rel_diff', '.1e')}"
+    return cells[0], cells[1], _num(r, "ratio", ".2f"), notes
+
+
+def _generate_row(r: dict) -> tuple[str, str, str, str]:
+    cells = [f"{_num(r, s + '_s_full', '.1f')} s" for s in ("vidax", "diffusers")]
+    notes = f"{r.get('steps')} steps {r.get('scheduler', '')}"
+    if r.get("steps_run") != r.get("steps"):
+        notes += f" (ran {r.get('steps_run')}, times scaled)"
+    return cells[0], cells[1], _num(r, "ratio", ".2f"), notes
+
+
+def _dvg_row(r: dict) -> tuple[str, str, str, str]:
+    parts = [
+        f"b{b}: {_num(r, f'b{b}_s', '.1f')} s ({_num(r, f'b{b}_speedup', '.2f')}x)"
+        for b in DVG_BUDGETS
+        if f"b{b}_s" in r
+    ]
+    notes = f"full {_num(r, 'full_s', '.1f')} s ({r.get('full_source', '?')}); " + "; ".join(
+        f"b{b} {r.get(f'b{b}_schedule', '?')}" for b in DVG_BUDGETS if f"b{b}_s" in r
+    )
+    return ", ".join(parts), "", "", notes
+
+
+def _ceilings_row(r: dict) -> tuple[str, str, str, str]:
+    return (
+        f"bf16 matmul {_num(r, 'matmul_tflops', '.3g')} TFLOP/s, copy "
+        f"{_num(r, 'copy_tbps', '.2f')} TB/s",
+        "",
+        "",
+        f"matmul {r.get('matmul_n')}^3, copy {_num(r, 'copy_gib', '.3g')} GiB (read + write)",
+    )
+
+
+# -- timing, FLOPs and memory ---------------------------------------------------------------------
+
+
+def _repeat(run_once: Callable[[], float], *, warmup: int, lo: int, hi: int, budget_s: float):
+    """Runs `warmup` untimed calls, then at least `lo` and at most `hi` timed ones, stopping
+    after `lo` once another would exceed `budget_s` of timed work."""
+    for _ in range(warmup):
+        run_once()
+    times: list[float] = []
+    while len(times) < hi:
+        if len(times) >= lo and sum(times) + statistics.median(times) > budget_s:
+            break
+        times.append(run_once())
+    return times
+
+
+def time_jax(fn, *args, warmup=2, lo=10, hi=30, budget_s=math.inf):
+    """Host clock around `fn(*args)` until `block_until_ready`; returns (seconds list, output)."""
+    out = None
+
+    def once() -> float:
+        nonlocal out
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        return time.perf_counter() - start
+
+    return _repeat(once, warmup=warmup, lo=lo, hi=hi, budget_s=budget_s), out
+
+
+def time_torch(fn, device, *, warmup=2, lo=10, hi=30, budget_s=math.inf):
+    """CUDA events around `fn()` on a GPU (host clock on the CPU); returns (seconds, output)."""
+    import torch
+
+    out = None
+
+    def once() -> float:
+        nonlocal out
+        if device.type != "cuda":
+            start = time.perf_counter()
+            out = fn()
+            return time.perf_counter() - start
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return _repeat(once, warmup=warmup, lo=lo, hi=hi, budget_s=budget_s), out
+
+
+def time_first_call(ctx: Context, fn, *, reserve_s: float = 0.0, hi: int = 3):
+    """Times `fn()` whose first call compiles (a sampler loop: too long to run twice lightly).
+
+    The first call's wall time minus the compile seconds JAX reports (`CompileClock`) is the
+    estimate; up to `hi` more calls, timed, replace it while `ctx.left() - reserve_s` allows.
+
+    Returns:
+      (seconds, {"first_call_s", "compile_s", "repeats" (0: the estimate)}, output).
+    """
+    before = CompileClock.seconds
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    first = time.perf_counter() - start
+    compile_s = CompileClock.seconds - before
+    estimate = max(first - compile_s, 1e-6)
+    budget = ctx.left() - reserve_s
+    times = []
+    if budget > 1.2 * estimate:
+        times, out = time_jax(fn, warmup=0, lo=1, hi=hi, budget_s=budget)
+    elif compile_s > 0:
+        ctx.scaled(f"timed as the first call minus its {compile_s:.0f} s of compiling")
+    else:  # no compile events (another JAX version?): the estimate includes compiling
+        ctx.scaled("timed as the first call, compiling included (JAX reported no compile time)")
+    seconds = statistics.median(times) if times else estimate
+    return seconds, {"first_call_s": first, "compile_s": compile_s, "repeats": len(times)}, out
+
+
+def compile_jax(fn, *args, compiler_options=None):
+    """`jax.jit(fn)` compiled ahead of time: (executable, compile seconds, program bytes).
+
+    Program bytes are the executable's own device footprint (arguments + outputs + temporaries
+    - aliased), known on every backend.
+    """
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options)
+    seconds = time.perf_counter() - start
+    m = compiled.memory_analysis()
+    program = None
+    if m is not None:
+        program = (
+            m.argument_size_in_bytes
+            + m.output_size_in_bytes
+            + m.temp_size_in_bytes
+            - m.alias_size_in_bytes
+        )
+    return compiled, seconds, program
+
+
+class CompileClock:
+    """Seconds JAX has spent tracing, lowering and compiling in this process."""
+
+    seconds = 0.0
+
+    @classmethod
+    def listen(cls, event: str, seconds: float, **_) -> None:
+        if event.startswith("/jax/core/compile/"):
+            cls.seconds += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(CompileClock.listen)
+
+
+def step_flops(config, latent: tuple[int, int, int], batch: int = 2) -> float:
+    """Matmul + attention FLOPs of one DiT forward (the analytic count DVG budgets with)."""
+    return dvg.step_flops(config, latent, batch=batch)
+
+
+def timing_fields(side: str, times: list[float], flops: float | None, ctx: Context) -> dict:
+    """Median/min ms, repeats, and (given FLOPs) TFLOP/s and MFU against the measured ceiling."""
+    median = statistics.median(times)
+    fields = {
+        f"{side}_ms": 1e3 * median,
+        f"{side}_min_ms": 1e3 * min(times),
+        f"{side}_repeats": len(times),
+    }
+    if flops is not None:
+        tflops = flops / median / 1e12
+        ceiling = ctx.prior("ceilings").get("matmul_tflops")
+        fields[f"{side}_tflops"] = tflops
+        fields[f"{side}_mfu"] = tflops / ceiling if ceiling else None
+    return fields
+
+
+def jax_peak_bytes() -> int | None:
+    """The device's high-water mark of bytes in use since the process started (None on CPU)."""
+    stats = jax.devices()[0].memory_stats()
+    return stats.get("peak_bytes_in_use") if stats else None
+
+
+def vidax_memory(before: int | None, program: int | None) -> dict:
+    """vidax's peak: the process high-water mark when this section raised it (so it is this
+    section's peak), always the compiled program's footprint."""
+    after = jax_peak_bytes()
+    raised = after is not None and (before is None or after > before)
+    return {
+        "vidax_peak_gib": after / GIB if raised else None,
+        "vidax_process_peak_gib": None if after is None else after / GIB,
+        "vidax_program_gib": None if program is None else program / GIB,
+    }
+
+
+def attention_choice(config: wan.WanConfig, tokens: int, batch: int = 2) -> tuple[str, str]:
+    """What `attention(impl="auto")` picks for a Wan block's self- and cross-attention here,
+    and why: ("self cudnn, cross cudnn", reasons)."""
+    platform, capability = attention_device()
+    n, k = config.num_heads, config.head_dim
+    picks = []
+    for label, s in (("self", tokens), ("cross", config.text_len)):
+        impl, reason = choose_impl(
+            platform,
+            (batch, tokens, n, k),
+            (batch, s, n, k),
+            jnp.dtype(config.dtype),
+            False,
+            compute_capability=capability,
+        )
+        picks.append((f"{label} {impl}", f"{label}: {reason}"))
+    return ", ".join(p[0] for p in picks), "; ".join(p[1] for p in picks)
+
+
+def rel_diff(ours: np.ndarray, ref: np.ndarray) -> float:
+    """max |ours - ref| / max |ref|."""
+    ours, ref = np.asarray(ours, np.float32), np.asarray(ref, np.float32)
+    if ours.shape != ref.shape:
+        raise ValueError(f"outputs differ in shape: {ours.shape} vs {ref.shape}")
+    return float(np.abs(ours - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+
+
+def _release() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- torch / diffusers ----------------------------------------------------------------------------
+
+
+def torch_device(ctx: Context):
+    """(torch, device): the GPU where there is one, the CPU in the smoke run."""
+    import torch
+
+    if ctx.smoke:
+        return torch, torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device: a CPU diffusers run is no comparison")
+    return torch, torch.device("cuda")
+
+
+def diffusers_module():
+    try:
+        import diffusers
+    except ImportError as e:
+        raise RuntimeError(
+            f"diffusers is not importable ({e}); carry its wheel (docs/gpu.md)"
+        ) from e
+    return diffusers
+
+
+def _torch_dtype(torch, name: str):
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _load_torch(model, path: Path, dtype, device):
+    """Loads a vidax-written checkpoint and casts parameters as `from_pretrained(torch_dtype=)`
+    does: `_keep_in_fp32_modules` stay float32, buffers (RoPE tables) keep their dtype."""
+    import torch
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(path, device=str(device)))
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, p in model.named_parameters():
+        target = torch.float32 if any(k in name.split(".") for k in keep) else dtype
+        p.data = p.data.to(target)
+    return model.eval()
+
+
+def diffusers_wan(path: Path, config: wan.WanConfig, device):
+    """diffusers' `WanTransformer3DModel` with the checkpoint's weights, in the config's dtype."""
+    import torch
+
+    diffusers = diffusers_module()
+    kwargs = dict(
+        patch_size=tuple(config.patch_size),
+        num_attention_heads=config.num_heads,
+        attention_head_dim=config.head_dim,
+        in_channels=config.in_channels,
+        out_channels=config.out_channels,
+        text_dim=config.text_dim,
+        freq_dim=config.freq_dim,
+        ffn_dim=config.ffn_dim,
+        num_layers=config.num_layers,
+        cross_attn_norm=config.cross_attn_norm,
+        eps=config.eps,
+    )
+    with torch.device(device):
+        model = diffusers.WanTransformer3DModel(**kwargs)
+    return _load_torch(model, path, _torch_dtype(torch, config.dtype), device)
+
+
+def diffusers_vae(path: Path, config: wan_vae.WanVAEConfig, device):
+    """diffusers' `AutoencoderKLWan` with the checkpoint's weights."""
+    import torch
+
+    diffusers = diffusers_module()
+    keys = (
+        "base_dim",
+        "decoder_base_dim",
+        "z_dim",
+        "dim_mult",
+        "num_res_blocks",
+        "attn_scales",
+        "temperal_downsample",
+        "in_channels",
+        "out_channels",
+        "latents_mean",
+        "latents_std",
+    )
+    kwargs = {k: getattr(config, k) for k in keys if getattr(config, k) is not None}
+    kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+    with torch.device(device):
+        model = diffusers.AutoencoderKLWan(**kwargs)
+    return _load_torch(model, path, _torch_dtype(torch, config.dtype), device)
+
+
+def channels_first(torch, x: np.ndarray, device, dtype):
+    """(b, t, h, w, c) numpy -> torch (b, c, t, h, w)."""
+    return torch.from_numpy(np.ascontiguousarray(x)).permute(0, 4, 1, 2, 3).to(device, dtype)
+
+
+def channels_last(x) -> np.ndarray:
+    """torch (b, c, t, h, w) -> (b, t, h, w, c) float32 numpy."""
+    return x.detach().float().permute(0, 2, 3, 4, 1).cpu().numpy()
+
+
+# -- models, checkpoints and inputs ---------------------------------------------------------------
+
+
+def wan_model(ctx: Context, name: str) -> tuple[ModelSpec, tuple[int, int, int]]:
+    """The preset (toy config in the smoke run) and the (t, h, w) latent of its video size."""
+    spec = get(name)
+    frames, height, width = spec.defaults.num_frames, spec.defaults.height, spec.defaults.width
+    if ctx.smoke:
+        spec = dataclasses.replace(spec, config=SMOKE_CONFIGS[name])
+        frames, height, width = SMOKE_VIDEOS[name]
+    return spec, pipeline.geometry(spec).latent_shape(frames, height, width)[:3]
+
+
+def _digest(config) -> str:
+    return hashlib.sha1(repr(config).encode()).hexdigest()[:12]
+
+
+def _cached_checkpoint(ctx: Context, prefix: str, config, build, save) -> Path:
+    """A random model saved once per config under the work dir.
+
+    Built on the device (on the host CPU it takes ~10 s per billion parameters even on 16
+    cores); the sections read their device peaks after this, see `vidax_memory`.
+    """
+    path = ctx.work / f"{prefix}-{_digest(config)}.safetensors"
+    if not path.exists():
+        start = time.perf_counter()
+        ctx.work.mkdir(parents=True, exist_ok=True)
+        model = build()
+        tmp = path.with_suffix(".tmp")
+        save(model, tmp)
+        tmp.replace(path)
+        del model
+        print(f"   built {path.name} in {time.perf_counter() - start:.1f} s", flush=True)
+    return path
+
+
+def wan_checkpoint(ctx: Context, config: wan.WanConfig) -> Path:
+    return _cached_checkpoint(
+        ctx,
+        "wan",
+        config,
+        lambda: wan.WanTransformer(config, rngs=nnx.Rngs(0)),
+        lambda m, p: save_model(m, p, wan.key_map(config)),
+    )
+
+
+def vae_checkpoint(ctx: Context, config: wan_vae.WanVAEConfig) -> Path:
+    return _cached_checkpoint(
+        ctx, "wan-vae", config, lambda: wan_vae.WanVAE(config, rngs=nnx.Rngs(0)), wan_vae.save
+    )
+
+
+def step_inputs(config: wan.WanConfig, latent, batch: int = 2):
+    """(x (b, t, h, w, c), timesteps (b,), text (b, s, text_dim)) float32, fixed seed."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *latent, config.in_channels), dtype=np.float32)
+    t = np.full((batch,), 700.0, np.float32)
+    text = rng.standard_normal((batch, config.text_len, config.text_dim), dtype=np.float32)
+    return x, t, text
+
+
+def sampling_inputs(spec: ModelSpec, latent):
+    """(noise (1, t, h, w, c), prompt, negative prompt (1, s, text_dim)): embeddings zero past
+    the prompt's tokens, as a text encoder pads them."""
+    c = spec.config
+    rng = np.random.default_rng(1)
+    noise = rng.standard_normal((1, *latent, c.in_channels), dtype=np.float32)
+
+    def embeds(tokens):
+        e = rng.standard_normal((1, c.text_len, c.text_dim), dtype=np.float32)
+        e[:, tokens:] = 0
+        return e
+
+    return noise, embeds(min(24, c.text_len)), embeds(1)
+
+
+def vidax_conditioning(spec: ModelSpec, prompt: np.ndarray, negative: np.ndarray):
+    family = pipeline.adapter(spec)
+    return tuple(
+        family.conditioning(spec, pipeline.fit_prompt_embeds(spec, e), GUIDANCE)
+        for e in (prompt, negative)
+    )
+
+
+# -- sections -------------------------------------------------------------------------------------
+
+
+@section("ceilings", cap_s=20, headline=("matmul_tflops", "copy_tbps"), row=_ceilings_row)
+def ceilings(ctx: Context) -> dict:
+    """Measured bf16 matmul rate (8192^3) and device-to-device copy bandwidth, through JAX."""
+    n, chain = (256, 4) if ctx.smoke else (8192, 10)
+    copy_bytes = 4 * 2**20 if ctx.smoke else 4 * GIB
+    ka, kb, kc = jax.random.split(jax.random.key(0), 3)
+    a = jax.random.normal(ka, (n, n), jnp.bfloat16)
+    # b ~ N(0, 1/n) keeps the chained products' scale, so no step over- or underflows.
+    b = (jax.random.normal(kb, (n, n), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
+    # Chained products (each needs the last) amortise the dispatch over `chain` kernels.
+    products, _, _ = compile_jax(
+        lambda a, b: jax.lax.fori_loop(0, chain, lambda i, c: c @ b, a), a, b
+    )
+    times, _ = time_jax(products, a, b, warmup=2, lo=10, hi=30, budget_s=0.4 * ctx.left())
+    matmul = 2 * n**3 * chain / statistics.median(times) / 1e12
+    x = jax.random.uniform(kc, (copy_bytes // 4,), jnp.float32)
+    add, _, _ = compile_jax(lambda x: x + 1.0, x)  # one kernel: reads and writes every byte once
+    times, _ = time_jax(add, x, warmup=2, lo=10, hi=50, budget_s=0.3 * ctx.left())
+    return {
+        "matmul_n": n,
+        "matmul_tflops": matmul,
+        "copy_gib": 2 * copy_bytes / GIB,
+        "copy_tbps": 2 * copy_bytes / statistics.median(times) / 1e12,
+    }
+
+
+def vidax_step(ctx, path, config, inputs, flops) -> Side:
+    before = jax_peak_bytes()
+    model = wan.load(path, config)
+    graphdef, state = nnx.split(model)
+    args = [jnp.asarray(a) for a in inputs]
+    step, compile_s, program = compile_jax(
+        lambda state, x, t, text: nnx.merge(graphdef, state)(x, t, text), state, *args
+    )
+    times, out = time_jax(step, state, *args, budget_s=0.3 * ctx.left())
+    fields = {"vidax_compile_s": compile_s, **timing_fields("vidax", times, flops, ctx)}
+    return Side({**fields, **vidax_memory(before, program)}, np.asarray(out))
+
+
+def diffusers_step(ctx, path, config, inputs, flops) -> Side:
+    torch, device = torch_device(ctx)
+    model = diffusers_wan(path, config, device)
+    dtype = _torch_dtype(torch, config.dtype)
+    x, t, text = inputs
+    x, text = channels_first(torch, x, device, dtype), torch.from_numpy(text).to(device, dtype)
+    t = torch.from_numpy(t).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.inference_mode():
+        times, out = time_torch(
+            lambda: model(x, t, text, return_dict=False)[0], device, budget_s=0.6 * ctx.left()
+        )
+    fields = timing_fields("diffusers", times, flops, ctx)
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+    return Side({**fields, "diffusers_peak_gib": peak}, channels_last(out))
+
+
+def compare_step(ctx: Context, config: wan.WanConfig, latent) -> dict:
+    """One transformer forward at CFG batch 2, vidax (jit) vs diffusers, same weights/inputs."""
+    flops = step_flops(config, latent)
+    pt, ph, pw = config.patch_size
+    tokens = (latent[0] // pt) * (latent[1] // ph) * (latent[2] // pw)
+    ctx.record(latent=list(latent), tokens=tokens, batch=2, tflop=flops / 1e12, dtype=config.dtype)
+    attention, why = attention_choice(config, tokens)
+    ctx.record(attention=attention, attention_reason=why)
+    path = wan_checkpoint(ctx, config)
+    inputs = step_inputs(config, latent)
+    ours = ctx.side("vidax", vidax_step, ctx, path, config, inputs, flops)
+    ref = ctx.side("diffusers", diffusers_step, ctx, path, config, inputs, flops)
+    if ours is None or ref is None:
+        return {}
+    return {
+        "ratio": ours.fields["vidax_ms"] / ref.fields["diffusers_ms"],
+        "max_rel_diff": rel_diff(ours.output, ref.output),
+    }
+
+
+_STEP_HEADLINE = ("vidax_ms", "diffusers_ms", "ratio", "vidax_tflops", "max_rel_diff")
+
+
+@section("wan-step", cap_s=95, headline=(*_STEP_HEADLINE, "vidax_mfu"), row=_step_row)
+def wan_step(ctx: Context) -> dict:
+    """Wan 2.1 1.3B, all 30 layers, 81x480x832 (latent 21x60x104), CFG batch 2, bf16."""
+    spec, latent = wan_model(ctx, "wan2.1-1.3b")
+    return {"model": spec.name, **compare_step(ctx, spec.config, latent)}
+
+
+@section("vae-decode", cap_s=65, headline=("vidax_ms", "diffusers_ms", "ratio"), row=_vae_row)
+def vae_decode(ctx: Context) -> dict:
+    """Wan 2.1 VAE decode of 81 frames at 480x832 (latent 21x60x104), float32 as Wan runs it."""
+    name = "tiny" if ctx.smoke else "wan2.1"
+    config = wan_vae.PRESETS[name]
+    latent = SMOKE_VAE_LATENT if ctx.smoke else (21, 60, 104)
+    z = np.random.default_rng(2).standard_normal((1, *latent, config.z_dim), dtype=np.float32)
+    frames = config.video_frames(latent[0])
+    ctx.record(vae=name, latent=list(latent), frames=frames, dtype=config.dtype)
+    path = vae_checkpoint(ctx, config)
+    ours = ctx.side("vidax", vidax_decode, ctx, path, config, z)
+    ref = ctx.side("diffusers", diffusers_decode, ctx, path, config, z)
+    if ours is None or ref is None:
+        return {}
+    return {
+        "ratio": ours.fields["vidax_ms"] / ref.fields["diffusers_ms"],
+        "max_rel_diff": rel_diff(ours.output, ref.output),
+    }
+
+
+def vidax_decode(ctx, path, config, z) -> Side:
+    before = jax_peak_bytes()
+    vae = wan_vae.load(path, config)
+    graphdef, state = nnx.split(vae)
+    z = jnp.asarray(z)
+    # XLA:GPU would time every convolution algorithm on the device (minutes for this decoder;
+    # docs/results.md); torch's default (cudnn.benchmark off) does not autotune either.
+    decode, compile_s, program = compile_jax(
+        lambda state, z: nnx.merge(graphdef, state).decode(z),
+        state,
+        z,
+        compiler_options={"xla_gpu_autotune_level": 0},
+    )
+    times, out = time_jax(decode, state, z, warmup=1, lo=1, hi=5, budget_s=0.3 * ctx.left())
+    fields = {"vidax_compile_s": compile_s, **timing_fields("vidax", times, None, ctx)}
+    return Side({**fields, **vidax_memory(before, program)}, np.asarray(out))
+
+
+def diffusers_decode(ctx, path, config, z) -> Side:
+    torch, device = torch_device(ctx)
+    model = diffusers_vae(path, config, device)
+    # vidax decodes normalised latents; diffusers' decode takes raw ones (its pipelines
+    # denormalise first).
+    raw = z * np.asarray(config.latents_std, np.float32) + np.asarray(
+        config.latents_mean, np.float32
+    )
+    raw = channels_first(torch, raw, device, _torch_dtype(torch, config.dtype))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.inference_mode():
+        times, out = time_torch(
+            lambda: model.decode(raw).sample,
+            device,
+            warmup=1,
+            lo=1,
+            hi=5,
+            budget_s=0.6 * ctx.left(),
+        )
+    fields = timing_fields("diffusers", times, None, ctx)
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+    return Side({**fields, "diffusers_peak_gib": peak}, channels_last(out))
+
+
+def vidax_sampling(ctx, path, spec, inputs, steps: int, *, reserve_s: float) -> Side:
+    """vidax's sampler, `vidax.pipeline.denoise` (the whole loop under one jit), timed by
+    `time_first_call` leaving `reserve_s` of the cap to what follows."""
+    model = wan.load(path, spec.config)
+    noise, prompt, negative = inputs
+    cond, neg = vidax_conditioning(spec, prompt, negative)
+    solver = sampling.make_solver("unipc", steps, SHIFT)
+    noise = jnp.asarray(noise)
+
+    def run():
+        return pipeline.denoise(model, noise, cond, neg, solver=solver, guidance=GUIDANCE)
+
+    seconds, how, out = time_first_call(ctx, run, reserve_s=reserve_s)
+    fields = {"vidax_s": seconds, **{f"vidax_{k}": v for k, v in how.items()}}
+    return Side(fields, np.asarray(out))
+
+
+def diffusers_sampling(ctx, path, spec, inputs, steps: int, *, budget_s: float) -> Side:
+    """The denoising loop of diffusers' `WanPipeline.__call__` (two transformer calls per step,
+    CFG on their outputs, `UniPCMultistepScheduler` as Wan 2.1 configures it), without the text
+    encoder and VAE."""
+    torch, device = torch_device(ctx)
+    diffusers = diffusers_module()
+    model = diffusers_wan(path, spec.config, device)
+    dtype = _torch_dtype(torch, spec.config.dtype)
+    noise, prompt, negative = inputs
+    noise = channels_first(torch, noise, device, torch.float32)
+    prompt, negative = (torch.from_numpy(e).to(device, dtype) for e in (prompt, negative))
+
+    def loop():
+        scheduler = diffusers.UniPCMultistepScheduler(
+            prediction_type="flow_prediction",
+            use_flow_sigmas=True,
+            flow_shift=SHIFT,
+            solver_order=2,
+        )
+        scheduler.set_timesteps(steps, device=device)
+        scheduler.set_begin_index(0)
+        latents = noise
+        for t in scheduler.timesteps:
+            x = latents.to(dtype)
+            timestep = t.expand(latents.shape[0])
+            cond = model(x, timestep, prompt, return_dict=False)[0]
+            uncond = model(x, timestep, negative, return_dict=False)[0]
+            velocity = uncond + GUIDANCE * (cond - uncond)
+            latents = scheduler.step(velocity, t, latents, return_dict=False)[0]
+        return latents
+
+    with torch.inference_mode():
+        # Warm-up: one forward (kernel selection, handles); then whole loops.
+        t = torch.full((1,), 999.0, device=device)
+        time_torch(
+            lambda: model(noise.to(dtype), t, prompt, return_dict=False),
+            device,
+            warmup=0,
+            lo=1,
+            hi=1,
+        )
+        times, out = time_torch(loop, device, warmup=0, lo=1, hi=3, budget_s=budget_s)
+    return Side({"diffusers_s": statistics.median(times)}, channels_last(out))
+
+
+def _estimates(ctx: Context, config, latent) -> tuple[float, float, float]:
+    """(vidax s, diffusers s) per CFG step and vidax compile s, from wan-step if it ran on this
+    model and size, else from the FLOPs at a third of the ceiling (a generous guess)."""
+    prior = ctx.prior("wan-step")
+    if prior.get("latent") == list(latent) and prior.get("vidax_ms"):
+        v = prior["vidax_ms"] / 1e3
+        d = (prior.get("diffusers_ms") or prior["vidax_ms"]) / 1e3
+        return v, d, prior.get("vidax_compile_s", 60.0)
+    ceiling = ctx.prior("ceilings").get("matmul_tflops") or (1.0 if ctx.smoke else 300.0)
+    guess = step_flops(config, latent) / (ceiling * 1e12 / 3)
+    return guess, guess, 10.0 if ctx.smoke else 60.0
+
+
+@section(
+    "generate",
+    cap_s=95,
+    headline=("vidax_s_full", "diffusers_s_full", "ratio"),
+    row=_generate_row,
+)
+def generate(ctx: Context) -> dict:
+    """A 50-step UniPC denoising loop of Wan 2.1 1.3B at 480p from given prompt embeddings."""
+    spec, latent = wan_model(ctx, "wan2.1-1.3b")
+    v, d, compile_s = _estimates(ctx, spec.config, latent)
+    # One loop each (vidax's first call compiles too), the models' loading, a margin.
+    fit = int((0.9 * ctx.left() - 1.2 * compile_s - 15) / (v + d))
+    steps = max(2, min(STEPS, fit))
+    if ctx.smoke:
+        steps = STEPS // 2  # exercises the scaling below
+    if steps < STEPS:
+        ctx.scaled(f"ran {steps} of {STEPS} steps; *_s_full = measured x {STEPS}/{steps}")
+    ctx.record(
+        model=spec.name,
+        latent=list(latent),
+        steps=STEPS,
+        steps_run=steps,
+        scheduler=f"UniPC order 2 shift {SHIFT}, CFG {GUIDANCE}",
+    )
+    path = wan_checkpoint(ctx, spec.config)
+    inputs = sampling_inputs(spec, latent)
+    scale = STEPS / steps
+    diffusers_s = 1.1 * (steps + 1) * d + 10  # its warm-up forward, one loop, loading
+    ours = ctx.side("vidax", vidax_sampling, ctx, path, spec, inputs, steps, reserve_s=diffusers_s)
+    if ours is not None:
+        ctx.record(vidax_s_full=ours.fields["vidax_s"] * scale)
+    ref = ctx.side(
+        "diffusers", diffusers_sampling, ctx, path, spec, inputs, steps, budget_s=0.5 * ctx.left()
+    )
+    if ref is not None:
+        ctx.record(diffusers_s_full=ref.fields["diffusers_s"] * scale)
+    if ours is None or ref is None:
+        return {}
+    return {
+        "ratio": ours.fields["vidax_s"] / ref.fields["diffusers_s"],
+        "latent_rel_diff": rel_diff(ours.output, ref.output),
+    }
+
+
+@section(
+    "dvg",
+    cap_s=90,
+    headline=("full_s", f"b{DVG_BUDGETS[0]}_s", f"b{DVG_BUDGETS[0]}_speedup"),
+    row=_dvg_row,
+)
+def dvg_section(ctx: Context) -> dict:
+    """Wall-clock of DVG's selected schedules vs the full 50-step sampler (random weights)."""
+    spec, latent = wan_model(ctx, "wan2.1-1.3b")
+    path = wan_checkpoint(ctx, spec.config)
+    inputs = sampling_inputs(spec, latent)
+    full_s, source = _full_sampler_seconds(ctx, spec, latent, path, inputs)
+    ctx.record(model=spec.name, latent=list(latent), steps=STEPS, full_s=full_s, full_source=source)
+
+    model = wan.load(path, spec.config)
+    noise, prompt, negative = inputs
+    cond, neg = vidax_conditioning(spec, prompt, negative)
+    solver = sampling.make_solver("unipc", STEPS, SHIFT)
+    policy = dvg.Policy(spatial=spec.dvg_spatial)
+    noise = jnp.asarray(noise)
+    compile_s = 0.0
+    for i, budget in enumerate(DVG_BUDGETS):
+        # Each budget's first call compiles its probe and schedule programs and runs about
+        # budget x the full sampler; one timed call follows if it fits. The first budget comes
+        # first: a later one runs only if the time left holds its compile and a run.
+        if i and ctx.left() < compile_s + 1.3 * budget * full_s:
+            ctx.scaled(f"budget {budget} skipped: {ctx.left():.0f} s left")
+            continue
+        choices = []
+
+        def run(budget=budget, choices=choices):
+            latents, picked = dvg.accelerate(
+                model,
+                noise,
+                cond,
+                neg,
+                solver=solver,
+                guidance=GUIDANCE,
+                accel="dvg",
+                budget=budget,
+                policy=policy,
+            )
+            choices[:] = picked
+            return latents
+
+        seconds, how, _ = time_first_call(ctx, run, hi=1)
+        compile_s = how["compile_s"]
+        ctx.record(
+            **{f"b{budget}_{k}": v for k, v in how.items()},
+            **{
+                f"b{budget}_s": seconds,
+                f"b{budget}_speedup": full_s / seconds,
+                f"b{budget}_schedule": choices[0].schedule.describe(),
+                f"b{budget}_cost": choices[0].cost,
+            },
+        )
+    return {}
+
+
+def _full_sampler_seconds(ctx: Context, spec, latent, path, inputs) -> tuple[float, str]:
+    """vidax's full 50-step sampler: from the generate section if it ran on this model and
+    size, else timed here (over fewer steps, scaled, when the cap asks)."""
+    prior = ctx.prior("generate")
+    if prior.get("latent") == list(latent) and prior.get("vidax_s_full"):
+        source = "generate section"
+        if prior.get("steps_run") != STEPS:
+            source += f", scaled from {prior['steps_run']} steps"
+        return prior["vidax_s_full"], source
+    v, _, compile_s = _estimates(ctx, spec.config, latent)
+    steps = max(2, min(STEPS, int((0.4 * ctx.left() - 1.2 * compile_s) / v)))
+    if steps < STEPS:
+        ctx.scaled(f"full sampler timed over {steps} of {STEPS} steps, scaled")
+    side = vidax_sampling(ctx, path, spec, inputs, steps, reserve_s=ctx.left())
+    return side.fields["vidax_s"] * STEPS / steps, f"timed here over {steps} steps"
+
+
+@section(
+    "wan14b-step",
+    cap_s=70,
+    headline=(*_STEP_HEADLINE, "layers", "vidax_ms_full_est"),
+    row=_step_row,
+)
+def wan14b_step(ctx: Context) -> dict:
+    """Wan 2.1 14B at 720p (latent 21x90x160), CFG batch 2, bf16, with as many of its 40 layers
+    as fit the cap; times are scaled to full depth by the FLOP ratio."""
+    spec, latent = wan_model(ctx, "wan2.1-14b")
+    full = spec.config
+    layers = _layers_that_fit(ctx, full, latent)
+    if ctx.smoke:
+        layers = min(layers, full.num_layers - 1)  # exercises the scaling below
+    config = dataclasses.replace(full, num_layers=layers)
+    scale = step_flops(full, latent) / step_flops(config, latent)
+    if layers < full.num_layers:
+        ctx.scaled(
+            f"ran {layers} of {full.num_layers} layers; *_full_est = measured x {scale:.3g} "
+            "(the FLOP ratio)"
+        )
+    ctx.record(model=spec.name, layers=layers, full_layers=full.num_layers)
+    result = compare_step(ctx, config, latent)
+    for side in ("vidax", "diffusers"):
+        ms = ctx.results.get(f"{side}_ms")
+        if ms is not None:
+            result[f"{side}_ms_full_est"] = ms * scale
+    return result
+
+
+def _layers_that_fit(ctx: Context, full: wan.WanConfig, latent) -> int:
+    """Layers whose 24 forwards (2 warm-up + 10 timed, each side), compile and checkpoint I/O
+    fit in 80% of the time left, from the rate wan-step achieved (else a third of the ceiling)."""
+    per_layer = step_flops(dataclasses.replace(full, num_layers=2), latent) - step_flops(
+        dataclasses.replace(full, num_layers=1), latent
+    )
+    prior = ctx.prior("wan-step")
+    rates = [prior.get(f"{s}_tflops") for s in ("vidax", "diffusers")]
+    rates = [r for r in rates if r]
+    ceiling = ctx.prior("ceilings").get("matmul_tflops")
+    rate = min(rates) if rates else (ceiling / 3 if ceiling else (0.01 if ctx.smoke else 200.0))
+    layer_s = 24 * per_layer / (rate * 1e12) + (0.5 if ctx.smoke else 4.0)  # + host I/O
+    compile_s = 1.5 * prior.get("vidax_compile_s", 10.0 if ctx.smoke else 40.0)
+    fit = int((0.8 * ctx.left() - compile_s - 10) / layer_s)
+    return max(1, min(full.num_layers, fit))
+
+
+# -- running --------------------------------------------------------------------------------------
+
+
+def environment() -> dict:
+    """Versions and the device, read in the worker."""
+    device = jax.devices()[0]
+    env = {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "device": getattr(device, "device_kind", str(device)),
+        "flax": getattr(sys.modules.get("flax"), "__version__", "?"),
+        "numpy": np.__version__,
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            env["torch_device"] = torch.cuda.get_device_name()
+    except ImportError as e:
+        env["torch"] = f"missing ({e})"
+    try:
+        env["diffusers"] = diffusers_module().__version__
+    except RuntimeError as e:
+        env["diffusers"] = str(e)
+    return env
+
+
+def _caps(overrides: list[str]) -> dict[str, float]:
+    caps = {name: s.cap_s for name, s in SECTIONS.items()}
+    for item in overrides:
+        name, _, seconds = item.partition("=")
+        if name not in SECTIONS or not seconds:
+            raise SystemExit(f"--cap {item!r}: takes NAME=SECONDS, NAME one of {list(SECTIONS)}")
+        caps[name] = float(seconds)
+    return caps
+
+
+def run_sections(names: list[str], report: Report, args) -> None:
+    """Runs the sections in this process, one after the other, recording each."""
+    caps = _caps(args.cap)
+    inject = dict(item.partition("=")[::2] for item in args.inject)
+    report.data["suite"].setdefault("env", environment())
+    report.write()
+    least = SMOKE_MIN_SECTION_S if args.smoke else MIN_SECTION_S
+    for i, name in enumerate(names):
+        left = args.deadline - time.time()
+        # Time an earlier section left unused goes to this one; later ones keep their caps.
+        later = sum(caps[n] for n in names[i + 1 :])
+        cap = min(left, max(caps[name], left - later))
+        if cap < least:
+            report.update(name, status="skipped", error=f"out of time ({left:.0f} s left)")
+            continue
+        print(f"== {name} (cap {cap:.0f} s)", flush=True)
+        report.update(name, status="running", started=time.time(), cap_s=round(cap, 1))
+        ctx = Context(name, args.smoke, time.time() + cap, args.work, report)
+        start = time.perf_counter()
+        try:
+            if name in inject:
+                _inject(inject[name])
+            ctx.record(**(SECTIONS[name].run(ctx) or {}))
+        except Exception as e:
+            traceback.print_exc()
+            report.error(name, "section", e)
+        s = report.sections[name]
+        status = "ok" if not s.get("errors") else "partial" if s.get("results") else "error"
+        report.update(name, status=status, seconds=round(time.perf_counter() - start, 1))
+        print(f"== {name}: {status} in {time.perf_counter() - start:.0f} s", flush=True)
+        jax.clear_caches()
+        _release()
+
+
+def _inject(what: str) -> None:
+    """Failure injection for the runner's tests (--inject NAME=raise|crash|hang)."""
+    if what == "raise":
+        raise RuntimeError("injected failure")
+    if what == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if what == "hang":
+        time.sleep(10**6)
+
+
+def supervise(names: list[str], args) -> Report:
+    """Runs the sections in worker processes; a worker that dies or overruns a section's cap
+    costs that section only: the next worker runs the rest."""
+    report = Report.fresh(args.out, names, args)
+    deadline = time.time() + args.total_seconds
+    pending = list(names)
+    while pending:
+        cmd = [sys.executable, __file__, "--worker", "--sections", ",".join(pending)]
+        cmd += ["--out", str(args.out), "--work", str(args.work), "--deadline", repr(deadline)]
+        cmd += ["--smoke"] * args.smoke
+        cmd += [f"--cap={c}" for c in args.cap] + [f"--inject={i}" for i in args.inject]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        worker = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            why = _watch(worker, report, deadline)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        report.reload()
+        running = [n for n in pending if report.status(n) == "running"]
+        waiting = [n for n in pending if report.status(n) == "pending"]
+        # The section it was running failed; if it ran none (it died starting, or exited with
+        # sections left), the next one is charged, so every round makes progress.
+        victim = (running or waiting or [None])[0]
+        if victim is not None and (running or waiting == pending):
+            code = _exit(worker.returncode)
+            why = why or (
+                f"worker process died ({code}) during this section"
+                if running
+                else f"worker process ended ({code}) before this section started"
+            )
+            report.error(victim, "runner", why)
+            report.update(victim, status="error")
+            print(f"== {victim}: {why}", flush=True)
+        pending = [n for n in pending if report.status(n) == "pending"]
+    return report
+
+
+def _watch(worker: subprocess.Popen, report: Report, deadline: float) -> str | None:
+    """Waits for the worker; kills it if its section overruns its cap (plus grace) or the whole
+    run its deadline. Returns why it was killed, or None if it exited by itself."""
+    while worker.poll() is None:
+        time.sleep(0.5)
+        report.reload()
+        now = time.time()
+        for s in report.sections.values():
+            if s["status"] != "running":
+                continue
+            grace = min(30.0, max(5.0, 0.3 * s["cap_s"]))
+            over = now - s["started"] - s["cap_s"]
+            if over > grace or now > deadline + grace:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+                return f"killed: ran {now - s['started']:.0f} s, past its cap of {s['cap_s']:.0f} s"
+    return None
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "device_suite")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(os.environ.get("TMPDIR", "/tmp")) / "vidax_device_suite",
+        help="random checkpoints, reused across runs (never under --out: it travels back)",
+    )
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU")
+    parser.add_argument("--total-seconds", type=float, default=DEFAULT_TOTAL_S)
+    parser.add_argument(
+        "--cap", action="append", default=[], metavar="NAME=SECONDS", help="a section's cap"
+    )
+    parser.add_argument("--in-process", action="store_true", help="no worker process")
+    parser.add_argument("--list", action="store_true", help="list the sections and exit")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--inject", action="append", default=[], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke:  # before JAX starts a backend (the worker gets --smoke too)
+        jax.config.update("jax_platforms", "cpu")
+    if args.list:
+        for s in SECTIONS.values():
+            print(f"{s.name:<12} cap {s.cap_s:>4.0f} s  {(s.run.__doc__ or '').splitlines()[0]}")
+        return
+    names = [n for n in args.sections.split(",") if n]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        parser.error(f"unknown sections {unknown}; known: {','.join(SECTIONS)}")
+    names = [n for n in SECTIONS if n in names]  # registration order
+    _caps(args.cap)  # refuses a bad --cap here, not in a worker
+    if args.worker:
+        run_sections(names, Report(args.out), args)
+        return
+    if args.in_process:
+        args.deadline = time.time() + args.total_seconds
+        report = Report.fresh(args.out, names, args)
+        run_sections(names, report, args)
+    else:
+        report = supervise(names, args)
+    print()
+    print(table(report.data))
+    print(f"results: {args.out / 'results.json'}, {args.out / 'table.md'}")
+
+
+if __name__ == "__main__":
+    main()

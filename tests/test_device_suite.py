@@ -1,0 +1,104 @@
+"""`benchmarks/device_suite.py`: the smoke run records every section with numbers, and the
+runner survives a section that raises, crashes its process or hangs past its cap.
+
+Both run the script as the device would (a supervisor and its worker processes), on the CPU.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "device_suite.py"
+# The sections issue 17 asks for (the registry may hold more; they are checked too).
+SECTIONS = ("ceilings", "wan-step", "vae-decode", "generate", "dvg", "wan14b-step")
+
+
+def _suite(tmp_path, *args, timeout=600) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(out)]
+    cmd += ["--work", str(tmp_path / "work"), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    table = (out / "table.md").read_text()
+    for name in data["sections"]:
+        assert f"| {name} |" in table
+    assert table.strip() in proc.stdout  # printed last
+    return data
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def test_smoke_run_measures_every_section(tmp_path):
+    data = _suite(tmp_path)
+    sections = data["sections"]
+    assert set(SECTIONS) <= set(sections)
+    assert data["suite"]["smoke"] is True
+    assert data["suite"]["env"]["diffusers"][0].isdigit()  # a version, not an import error
+    for name, s in sections.items():
+        assert s["status"] == "ok", (name, s.get("errors"), s.get("error"))
+        assert not s.get("errors"), (name, s["errors"])
+        assert s["headline"], name
+        for key in s["headline"]:
+            assert _is_number(s["results"].get(key)), (name, key, s["results"].get(key))
+    # Both sides ran the same weights on the same inputs: bf16 against bf16.
+    for name in ("wan-step", "wan14b-step"):
+        assert sections[name]["results"]["max_rel_diff"] < 0.05, name
+    assert sections["vae-decode"]["results"]["max_rel_diff"] < 1e-3  # float32 both
+    # The scaled paths ran and said so.
+    assert sections["generate"]["results"]["steps_run"] < sections["generate"]["results"]["steps"]
+    assert (
+        sections["wan14b-step"]["results"]["layers"]
+        < sections["wan14b-step"]["results"]["full_layers"]
+    )
+    for name in ("generate", "wan14b-step"):
+        assert sections[name]["scaled"], name
+    assert "scaled from" in sections["dvg"]["results"]["full_source"]
+
+
+def test_a_failing_section_costs_only_itself(tmp_path):
+    # ceilings kills its worker, generate raises, dvg hangs past its 2 s cap (wan14b-step's cap
+    # exceeds the total, so no spare time spills into dvg's): wan14b-step still runs.
+    data = _suite(
+        tmp_path,
+        "--sections=ceilings,generate,dvg,wan14b-step",
+        "--inject=ceilings=crash",
+        "--inject=generate=raise",
+        "--inject=dvg=hang",
+        "--cap=dvg=2",
+        "--cap=wan14b-step=95",
+        "--total-seconds=100",
+    )
+    s = data["sections"]
+    assert s["ceilings"]["status"] == "error"
+    assert "died (signal SIGKILL)" in s["ceilings"]["errors"]["runner"]
+    assert s["generate"]["status"] == "error"
+    assert "injected failure" in s["generate"]["errors"]["section"]
+    assert s["dvg"]["status"] == "error"
+    assert s["dvg"]["errors"]["runner"].startswith("killed")
+    assert s["wan14b-step"]["status"] == "ok", s["wan14b-step"]
+    assert s["wan14b-step"]["results"]["vidax_mfu"] is None  # no ceiling was measured
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    for args in (["--sections=nope"], ["--cap=nope=3"]):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), *args, "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode != 0
+        assert "nope" in proc.stderr
