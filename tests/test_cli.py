@@ -228,3 +228,36 @@ def test_export_writes_to_a_folder_the_user_names_not_the_package(tmp_path, monk
     args = ["train", "export", "--vae-run", "vae", "--dit-run", "dit", "--out", "mine"]
     assert runner.invoke(app, args).exit_code == 0
     assert (tmp_path / "mine" / "vae.safetensors").read_bytes() == b"vae"
+
+
+def test_generate_writes_raw_outputs_and_pngs(tmp_path):
+    from vidax import pipeline
+
+    out, pngs = tmp_path / "clip.npz", tmp_path / "frames"
+    args = ["generate", "--prompt", "a red circle", "--out", str(out), *SMALL, "--steps", "2"]
+    result = runner.invoke(app, [*args, "--seed", "3", "--save-frames", str(pngs)])
+    assert result.exit_code == 0, result.output
+    raw = np.load(out)
+    assert raw["frames"].shape == (5, 32, 32, 3) and raw["frames"].dtype == np.float32
+    assert raw["latents"].shape == raw["noise"].shape == (1, 2, 8, 8, 8)
+    # The same call from Python starts from the same noise and ends at the same latents.
+    video = pipeline.generate(
+        "tiny", "a red circle", num_frames=5, height=32, width=32, steps=2, seed=3
+    )
+    np.testing.assert_array_equal(raw["noise"], video.noise)
+    np.testing.assert_allclose(raw["latents"], video.latents, atol=1e-6)
+    assert sorted(p.name for p in pngs.iterdir())[:2] == ["frame_0000.png", "frame_0001.png"]
+    assert len(list(pngs.iterdir())) == 5
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--fps", "0"], "--fps must be >= 1"),
+        (["--out", "x.gif"], "--out must end in .mp4 or .npz"),
+        (["--model", "tiny-causal", "--out", "x.npz"], "--out *.npz"),
+    ],
+)
+def test_bad_output_options_are_one_line_errors(flags, message, tmp_path):
+    result = runner.invoke(app, ["generate", "--prompt", "a red circle", *SMALL, *flags])
+    _one_error_line(result, message)

@@ -150,7 +150,19 @@ def generate(
     prompt: Annotated[
         str | None, typer.Option(help="Text prompt (built-in text embedder).")
     ] = None,
-    out: Annotated[Path, typer.Option(help="Output mp4 path.")] = Path("out.mp4"),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Output: an .mp4, or an .npz of the raw float32 frames, the final latents and "
+            "the initial noise (to compare with another implementation)."
+        ),
+    ] = Path("out.mp4"),
+    fps: Annotated[
+        int | None, typer.Option(help="Frame rate of the mp4 (default: the model's).")
+    ] = None,
+    save_frames: Annotated[
+        Path | None, typer.Option(help="Also write every frame as a PNG into this folder.")
+    ] = None,
     model: Annotated[str, typer.Option(help="Model preset (see `vidax models`).")] = "tiny",
     checkpoint: Annotated[
         Path | None, typer.Option(help="Diffusers-layout weights: pipeline dir or transformer dir.")
@@ -191,12 +203,18 @@ def generate(
         ),
     ] = False,
 ) -> None:
-    """Generate a video and write it as mp4."""
+    """Generate a video and write it as mp4 (or .npz: raw frames, latents, initial noise)."""
+    import numpy as np
+
     from vidax import models, pipeline
     from vidax.forcing.command import is_causal
-    from vidax.video import write_video
+    from vidax.video import write_frames, write_video
 
     console = _stderr()
+    if fps is not None and fps < 1:
+        raise ValueError(f"--fps must be >= 1, got {fps}")
+    if out.suffix not in (".mp4", ".npz"):
+        raise ValueError(f"--out must end in .mp4 or .npz, got {out.name!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if is_causal(model):
@@ -211,6 +229,9 @@ def generate(
             "--checkpoint": checkpoint is not None,
             "--prompt-embeds": prompt_embeds is not None,
             "--plan": plan is not None,
+            "--fps": fps is not None,
+            "--save-frames": save_frames is not None,
+            "--out *.npz": out.suffix == ".npz",
         }
         given = [flag for flag, used in ignored.items() if used]
         if given:
@@ -266,7 +287,12 @@ def generate(
     if video.frames is None:
         raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
     frames_out = video.frames if video.frames.ndim == 4 else video.frames[0]
-    write_video(out, frames_out, video.fps)
+    if out.suffix == ".npz":
+        np.savez(out, frames=video.frames, latents=video.latents, noise=video.noise)
+    else:
+        write_video(out, frames_out, fps or video.fps)
+    if save_frames is not None:
+        write_frames(save_frames, frames_out)
     console.print(
         f"wrote {out} ({frames_out.shape[0]} frames, {frames_out.shape[2]}x{frames_out.shape[1]}, "
         f"{time.perf_counter() - start:.1f}s)"

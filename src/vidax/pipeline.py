@@ -42,11 +42,14 @@ ASSETS = Path(__file__).parent / "assets"
 @dataclasses.dataclass(frozen=True)
 class Video:
     """A generated clip: frames (F, H, W, 3) float32 in [0, 1] (b > 1: (b, F, H, W, 3); None
-    without a VAE), latents (b, t, h, w, c) float32, and the frame rate to write it at."""
+    without a VAE), latents (b, t, h, w, c) float32, the frame rate to write it at, and the
+    initial noise (b, t, h, w, c) float32 the sampler started from (to compare against another
+    implementation from the same start)."""
 
     frames: np.ndarray | None
     latents: np.ndarray
     fps: int
+    noise: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -774,6 +777,7 @@ def generate(
 
     solver = sampling.make_solver(sampler or d.sampler, steps, shift)
     noise = jax.random.normal(jax.random.key(seed), (text.batch, *shape), jnp.float32)
+    initial_noise = np.asarray(noise)  # host copy: `Video.noise`
     if transformer is None and TRANSFORMER in missing:
         transformer = _random_transformer(spec, mesh, strategy)
     elif transformer is None:
@@ -829,7 +833,7 @@ def generate(
         if vae is not None:
             frames = decode(vae, latents)
             frames = frames[0] if frames.shape[0] == 1 else frames
-    return Video(frames=frames, latents=np.asarray(latents), fps=d.fps)
+    return Video(frames=frames, latents=np.asarray(latents), fps=d.fps, noise=initial_noise)
 
 
 jax.tree_util.register_dataclass(

@@ -77,6 +77,19 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int) -> Path:
     return writer.path
 
 
+def write_frames(folder: str | os.PathLike, frames: np.ndarray) -> list[Path]:
+    """Writes (F, H, W, 3) frames in [0, 1] as `folder/frame_0000.png`, ...; returns the paths."""
+    import imageio.v3 as iio
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, frame in enumerate(to_uint8(frames)):
+        paths.append(folder / f"frame_{i:04d}.png")
+        iio.imwrite(paths[-1], frame)
+    return paths
+
+
 def read_video(path: str | os.PathLike) -> np.ndarray:
     """(F, H, W, 3) uint8 frames of a video file (tests and evaluation)."""
     import imageio.v3 as iio
