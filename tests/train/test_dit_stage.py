@@ -227,7 +227,12 @@ def test_init_starts_from_given_weights(tmp_path):
 def test_short_run_exports_loadable_weights(tmp_path):
     run = _vae_run(tmp_path / "vae")
     config = DiTStageConfig(
-        steps=2, batch_size=2, cache_clips=2, frames=9, short_frames=5, short_fraction=0.5,
+        steps=2,
+        batch_size=2,
+        cache_clips=2,
+        frames=9,
+        short_frames=5,
+        short_fraction=0.5,
         image_fraction=0.5,
     )
     ema = train_dit(tmp_path / "dit", run, config)
