@@ -261,3 +261,14 @@ def test_generate_writes_raw_outputs_and_pngs(tmp_path):
 def test_bad_output_options_are_one_line_errors(flags, message, tmp_path):
     result = runner.invoke(app, ["generate", "--prompt", "a red circle", *SMALL, *flags])
     _one_error_line(result, message)
+
+
+def test_generate_with_accel_says_what_dvg_chose(tmp_path):
+    # 9 frames: a 3-frame latent, which a temporal factor of 2 divides.
+    args = ["generate", "--prompt", "a red circle", "--out", str(tmp_path / "v.mp4")]
+    args += ["--frames", "9", "--height", "32", "--width", "32", "--steps", "4"]
+    result = runner.invoke(app, [*args, "--accel", "temporal", "--budget", "0.6"])
+    assert result.exit_code == 0, result.output
+    line = next(s for s in result.output.splitlines() if s.startswith("accel temporal: "))
+    assert "chose temporal t/2 s/1 x" in line and " -> t/1 s/1 x" in line
+    assert "of the full sampler's token-steps; denoising" in line

@@ -286,6 +286,14 @@ def generate(
         )
     if video.frames is None:
         raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
+    for choice in video.choices or []:
+        console.print(
+            f"accel {accel}: chose {choice.family} {choice.schedule.describe()}, "
+            f"{choice.cost:.2f} of the full sampler's token-steps; denoising "
+            f"{video.denoise_seconds:.1f}s",
+            highlight=False,
+            soft_wrap=True,
+        )
     frames_out = video.frames if video.frames.ndim == 4 else video.frames[0]
     if out.suffix == ".npz":
         np.savez(out, frames=video.frames, latents=video.latents, noise=video.noise)

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,10 @@ class Video:
     latents: np.ndarray
     fps: int
     noise: np.ndarray | None = None
+    # With `accel`: DVG's decision per video (`vidax.dvg.Choice`: family, schedule, cost).
+    choices: list | None = None
+    # Wall-clock seconds of the denoising (compilation included), without the VAE decode.
+    denoise_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -793,11 +798,12 @@ def generate(
         model_input=model_input,
         on_step=on_step,
     )
+    choices: list = []
     if accel != "none":
         from vidax import dvg
 
         def run(noise, cond, negative):
-            latents, _ = dvg.accelerate(
+            latents, chosen = dvg.accelerate(
                 transformer,
                 noise,
                 cond,
@@ -810,17 +816,20 @@ def generate(
                 model_input=model_input,
                 on_step=on_step,
             )
+            choices.extend(chosen)
             return latents
 
+    started = time.perf_counter()
     if mesh is not None:
         from vidax.sharding import use_mesh
 
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
         noise = jax.device_put(noise, NamedSharding(mesh, PartitionSpec(batch_axes or None)))
         with use_mesh(mesh, strategy or "fsdp"):
-            latents = run(noise, cond, negative)
+            latents = jax.block_until_ready(run(noise, cond, negative))
     else:
-        latents = run(noise, cond, negative)
+        latents = jax.block_until_ready(run(noise, cond, negative))
+    denoise_seconds = time.perf_counter() - started
     if not np.isfinite(np.asarray(latents)).all():  # `denoise` names the step; dvg cannot
         raise ValueError(f"sampling (--accel {accel}) produced non-finite latents (NaN or inf)")
 
@@ -833,7 +842,14 @@ def generate(
         if vae is not None:
             frames = decode(vae, latents)
             frames = frames[0] if frames.shape[0] == 1 else frames
-    return Video(frames=frames, latents=np.asarray(latents), fps=d.fps, noise=initial_noise)
+    return Video(
+        frames=frames,
+        latents=np.asarray(latents),
+        fps=d.fps,
+        noise=initial_noise,
+        choices=choices or None,
+        denoise_seconds=denoise_seconds,
+    )
 
 
 jax.tree_util.register_dataclass(

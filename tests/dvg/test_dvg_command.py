@@ -32,5 +32,10 @@ def test_pipeline_generate_with_accel():
         fast = pipeline.generate("tiny", accel="spatial", budget=0.6, **kw)
     assert fast.latents.shape == base.latents.shape and np.all(np.isfinite(fast.latents))
     assert np.max(np.abs(fast.latents - base.latents)) > 1e-4  # a different sampler really ran
+    # The video says what DVG chose and how long the denoising took; the base sampler does not.
+    assert base.choices is None and base.denoise_seconds > 0
+    (choice,) = fast.choices
+    assert choice.family == "spatial" and choice.schedule.stages[-1].factors == (1, 1)
+    assert 0 < choice.cost < 1
     with pytest.raises(ValueError, match="accel must be one of"):
         pipeline.generate("tiny", accel="bogus", **kw)
