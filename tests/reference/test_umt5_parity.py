@@ -208,3 +208,22 @@ def test_tokenizer_matches_transformers(sentencepiece_dir, tmp_path, backend):
     np.testing.assert_array_equal(ids, np.array(want["input_ids"]))
     np.testing.assert_array_equal(mask, np.array(want["attention_mask"], bool))
     assert mask[1].all() and ids[1, -1] == ref.eos_token_id  # truncated, EOS kept
+
+
+def test_config_json_keeps_the_checkpoint_dtype_and_matches_in_float32(models):
+    import json
+
+    from vidax.models.umt5 import from_hf_config
+
+    ref, path, _ = models
+    hf = json.loads((path / "config.json").read_text())
+    config = from_hf_config(hf, dtype="float32")
+    assert config.param_dtype == "float32"  # saved from float32 torch weights
+    assert (
+        from_hf_config({**hf, "torch_dtype": "bfloat16", "dtype": None}).param_dtype == "bfloat16"
+    )
+    model = load(path, config)
+    ids, mask = _ids(2)
+    want = _reference(ref, ids, mask)
+    got = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
