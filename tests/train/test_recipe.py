@@ -174,3 +174,25 @@ def test_the_checked_in_vae_stage_loads_with_its_statistics():
     vae = load_recipe_vae(folder, "shapes")
     assert vae.config.latents_mean == tuple(stats["mean"])
     assert vae.config.latents_std == tuple(stats["std"])
+
+
+def test_vae_from_skips_the_vae_stage_and_copies_it(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from vidax.train import recipe
+
+    calls = []
+
+    def fake_dit_stage(profile, vae, out, log, write_log, **kwargs):
+        calls.append((vae.config.latents_mean, kwargs))
+        return None, None, {"steps": 0}
+
+    monkeypatch.setattr(recipe, "train_dit_stage", fake_dit_stage)
+    monkeypatch.setattr(recipe, "train_vae_stage", lambda *a: pytest.fail("VAE stage ran"))
+    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    summary = train_all(tmp_path, PROFILES["smoke"], vae_from=folder, log=lambda line: None)
+    stats = json.loads((folder / "latent_stats.json").read_text())
+    assert calls[0][0] == tuple(stats["mean"]) and "check_only" not in calls[0][1]
+    assert summary["vae"] == {"from": str(folder)}
+    for name in ("vae.safetensors", "latent_stats.json"):
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes()

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -721,7 +722,7 @@ def train_all(
     Writes `vae.safetensors` + `latent_stats.json` after stage 1, then `transformer.safetensors`
     and `text_encoder.safetensors` (bf16 EMA weights) at least every `checkpoint_seconds`
     during stage 2, `log.jsonl` throughout. `vae_from`: skip stage 1 and use the VAE (and its
-    latent statistics) that an earlier run wrote to that folder.
+    latent statistics) that an earlier run wrote to that folder (both are copied to `out`).
     """
     fast_gpu_compiles()
     out = Path(out)
@@ -745,6 +746,9 @@ def train_all(
     if vae_from is not None:
         vae = load_recipe_vae(vae_from, profile.spec.vae)
         summary["vae"] = {"from": str(vae_from)}
+        for name in (VAE_FILE, STATS_FILE):  # `out` stays one self-contained weights folder
+            if Path(vae_from).resolve() != out.resolve():
+                shutil.copyfile(Path(vae_from) / name, out / name)
         log(f"vae: using {vae_from}")
     else:
         # Trace stage 2 with a stand-in VAE first: its errors surface before stage 1 runs.
