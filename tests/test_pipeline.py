@@ -227,3 +227,28 @@ def test_non_finite_latents_name_the_first_step_that_made_them():
         ValueError, match="non-finite latents \\(NaN or inf\\) at denoising step 3 of 4"
     ):
         pipeline.denoise(_BlowsUp(), noise, {}, None, solver=solver, guidance=1.0)
+
+
+def test_a_fresh_progress_callback_compiles_nothing_new():
+    # Compiled samplers are cached on static values; a new `on_step` (a progress bar, a lambda)
+    # used to be part of the key, so every CLI-style call compiled the whole loop again.
+    from vidax.pipeline import _compiled_loop
+
+    kw = dict(num_frames=5, height=32, width=32, steps=3, decode_frames=False)
+    first, second = [], []
+    pipeline.generate("tiny", "a red circle", on_step=first.append, **kw)
+    misses = _compiled_loop.cache_info().misses
+    video = pipeline.generate("tiny", "a red circle", on_step=second.append, **kw)
+    assert _compiled_loop.cache_info().misses == misses
+    assert first == second == [0, 1, 2]
+    quiet = pipeline.generate("tiny", "a red circle", **kw)
+    np.testing.assert_array_equal(video.latents, quiet.latents)
+
+
+def test_hunyuan15_model_input_is_equal_across_calls():
+    from vidax.pipeline import _ModelInput, adapter
+
+    spec = get("hunyuanvideo1.5-tiny")
+    fn = adapter(spec).model_input
+    assert _ModelInput(fn, spec) == _ModelInput(fn, spec)
+    assert hash(_ModelInput(fn, spec)) == hash(_ModelInput(fn, spec))

@@ -422,10 +422,13 @@ def denoise(
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, model_input, on_step)
-    latents, first_bad = run(state, noise, cond, negative if use_cfg else None)
-    # One scalar read after the whole loop: no per-step host sync.
-    step = int(first_bad)
+    run = _compiled_loop(
+        graphdef, solver, float(guidance), use_cfg, model_input, on_step is not None
+    )
+    with sampling.reporting_steps(on_step):
+        latents, first_bad = run(state, noise, cond, negative if use_cfg else None)
+        # One scalar read after the whole loop: no per-step host sync.
+        step = int(first_bad)
     if step >= 0:
         raise ValueError(
             f"sampling produced non-finite latents (NaN or inf) at denoising step {step + 1} of "
@@ -466,7 +469,8 @@ class _WatchFinite:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input, on_step):
+def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input, progress: bool):
+    # Cached on static values only: the progress callback goes through `sampling.step_hook`.
     prepare = model_input or (lambda x: x)
 
     @jax.jit
@@ -484,7 +488,13 @@ def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input
         watched = _WatchFinite(solver)
         x = noise.astype(jnp.float32)
         x, (_, first_bad) = sampling.sample_steps(
-            velocity, x, watched, watched.init(x), start=0, stop=solver.num_steps, on_step=on_step
+            velocity,
+            x,
+            watched,
+            watched.init(x),
+            start=0,
+            stop=solver.num_steps,
+            on_step=sampling.step_hook if progress else None,
         )
         return x, first_bad
 
@@ -789,7 +799,7 @@ def generate(
         transformer = load_transformer(spec, checkpoint, mesh=mesh, strategy=strategy)
     model_input = None
     if family.model_input is not ADAPTERS["wan"].model_input:
-        model_input = functools.partial(family.model_input, spec)
+        model_input = _ModelInput(family.model_input, spec)
     run = functools.partial(
         denoise,
         transformer,
@@ -855,6 +865,18 @@ def generate(
 jax.tree_util.register_dataclass(
     PromptEmbeds, data_fields=["embeds", "mask", "pooled"], meta_fields=[]
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelInput:
+    """`fn(spec, x)` as `x -> model input`, equal (and hashing equal) for equal (fn, spec): a
+    `functools.partial` made per call made every cached sampling program miss."""
+
+    fn: Callable
+    spec: ModelSpec
+
+    def __call__(self, x):
+        return self.fn(self.spec, x)
 
 
 def _as_embeds(spec: ModelSpec, value) -> PromptEmbeds:

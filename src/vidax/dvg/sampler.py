@@ -245,12 +245,18 @@ def denoise(
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled(graphdef, plan, float(guidance), use_cfg, model_input, on_step)
-    return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
+    run = _compiled(graphdef, plan, float(guidance), use_cfg, model_input, on_step is not None)
+    with sampling.reporting_steps(on_step):
+        return jax.block_until_ready(
+            run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
+        )
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, on_step):
+def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bool):
+    # Cached on static values only: the progress callback goes through `sampling.step_hook`.
+    on_step = sampling.step_hook if progress else None
+
     @jax.jit
     def run(state, noise, cond, negative, key, resume):
         model = nnx.merge(graphdef, state)

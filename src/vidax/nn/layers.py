@@ -103,6 +103,16 @@ def layer_norm(x, eps: float, scale=None, bias=None):
     return y.astype(x.dtype)
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GELU with the tanh approximation (torch's approximate="tanh").
+
+    A module-level function, not a lambda: modules keep their activation as a static
+    attribute, and a lambda made per model made two loads of one checkpoint different
+    `GraphDef`s, so every compiled-program cache keyed on the graph missed.
+    """
+    return jax.nn.gelu(x, approximate=True)
+
+
 class FeedForward(nnx.Module):
     """Linear(d->f) -> activation -> Linear(f->d)."""
 
@@ -111,7 +121,7 @@ class FeedForward(nnx.Module):
         dim: int,
         hidden: int,
         *,
-        activation: Callable[[jax.Array], jax.Array] = lambda x: jax.nn.gelu(x, approximate=True),
+        activation: Callable[[jax.Array], jax.Array] = gelu_tanh,
         dtype: jnp.dtype = jnp.float32,
         param_dtype: jnp.dtype = jnp.float32,
         rngs: nnx.Rngs,

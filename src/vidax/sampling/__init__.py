@@ -11,8 +11,10 @@ from vidax.sampling.loop import (
     classifier_free_guidance,
     predict_x0,
     renoise,
+    reporting_steps,
     sample,
     sample_steps,
+    step_hook,
 )
 from vidax.sampling.schedulers import (
     SOLVERS,
@@ -34,7 +36,9 @@ __all__ = [
     "make_solver",
     "predict_x0",
     "renoise",
+    "reporting_steps",
     "sample",
     "sample_steps",
     "shift_sigmas",
+    "step_hook",
 ]

@@ -25,7 +25,7 @@ from jaxtyping import Array, Float
 from vidax.models.wan.config import WanConfig
 from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
 from vidax.nn.embeddings import timestep_embedding
-from vidax.nn.layers import FeedForward, layer_norm, modulate, param
+from vidax.nn.layers import FeedForward, gelu_tanh, layer_norm, modulate, param
 from vidax.sharding import shard
 
 # (q, k, v) each (b, l, n, k) -> (b, l, n, k). Replaces plain self-attention, e.g. with a KV cache.
@@ -174,7 +174,7 @@ class WanTransformer(nnx.Module):
             c.text_dim,
             c.dim,
             in_axis="text_embed",
-            activation=lambda x: jax.nn.gelu(x, approximate=True),
+            activation=gelu_tanh,
             **kw,
         )
 
