@@ -258,7 +258,8 @@ def test_generate_writes_raw_outputs_and_pngs(tmp_path):
         (["--model", "tiny-causal", "--out", "x.npz"], "--out *.npz"),
     ],
 )
-def test_bad_output_options_are_one_line_errors(flags, message, tmp_path):
+def test_bad_output_options_are_one_line_errors(flags, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # whatever a wrong run might write stays out of the tree
     result = runner.invoke(app, ["generate", "--prompt", "a red circle", *SMALL, *flags])
     _one_error_line(result, message)
 
