@@ -50,7 +50,7 @@ def _flat(state):
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(state["params"]))])
 
 
-def test_resume_replays_the_uninterrupted_run(tmp_path):
+def test_resume_replays_the_uninterrupted_run(tmp_path, capsys):
     state, step = _setup()
     full = run(tmp_path / "a", state, step, _Regression(), LoopConfig(steps=6, checkpoint_every=2))
     full_log = read_log(tmp_path / "a")
@@ -61,7 +61,9 @@ def test_resume_replays_the_uninterrupted_run(tmp_path):
     run(tmp_path / "b", state, step, _Regression(), LoopConfig(steps=4, checkpoint_every=2))
     state, step = _setup(seed=0)
     batches = _Regression()
+    capsys.readouterr()
     resumed = run(tmp_path / "b", state, step, batches, LoopConfig(steps=6, checkpoint_every=2))
+    assert "resuming from step 4 of 6" in capsys.readouterr().err
     assert batches.step == 6  # continued from the saved loader position, not from 0
     log = read_log(tmp_path / "b")
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]

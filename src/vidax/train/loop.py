@@ -194,13 +194,19 @@ def run(
         state, saved, start = checkpointer.restore(state)
         batches.set_state(saved["data"])
     log = _Log(run_dir / LOG_FILE, start)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if start:
+        console.print(
+            f"{description}: resuming from step {start} of {config.steps} ({run_dir})",
+            highlight=False,
+            soft_wrap=True,
+        )
     if start >= config.steps:
         checkpointer.close()
         return state
     meta = dict(meta or {})
-    from rich.console import Console
-
-    console = Console(stderr=True)
     progress = _progress(console, description, config.steps, start)
     last = time.perf_counter()
     done_since = 0
