@@ -606,19 +606,7 @@ def diffusers_wan(path: Path, config: wan.WanConfig, device):
     import torch
 
     diffusers = diffusers_module()
-    kwargs = dict(
-        patch_size=tuple(config.patch_size),
-        num_attention_heads=config.num_heads,
-        attention_head_dim=config.head_dim,
-        in_channels=config.in_channels,
-        out_channels=config.out_channels,
-        text_dim=config.text_dim,
-        freq_dim=config.freq_dim,
-        ffn_dim=config.ffn_dim,
-        num_layers=config.num_layers,
-        cross_attn_norm=config.cross_attn_norm,
-        eps=config.eps,
-    )
+    kwargs = wan.to_diffusers_config(config)
     with torch.device(device):
         model = diffusers.WanTransformer3DModel(**kwargs)
     return _load_torch(model, path, _torch_dtype(torch, config.dtype), device)
@@ -629,21 +617,7 @@ def diffusers_vae(path: Path, config: wan_vae.WanVAEConfig, device):
     import torch
 
     diffusers = diffusers_module()
-    keys = (
-        "base_dim",
-        "decoder_base_dim",
-        "z_dim",
-        "dim_mult",
-        "num_res_blocks",
-        "attn_scales",
-        "temperal_downsample",
-        "in_channels",
-        "out_channels",
-        "latents_mean",
-        "latents_std",
-    )
-    kwargs = {k: getattr(config, k) for k in keys if getattr(config, k) is not None}
-    kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+    kwargs = wan_vae.to_diffusers_config(config)
     with torch.device(device):
         model = diffusers.AutoencoderKLWan(**kwargs)
     return _load_torch(model, path, _torch_dtype(torch, config.dtype), device)

@@ -18,6 +18,7 @@ from vidax.models.wan_vae import (
     key_map,
     load,
     save,
+    to_diffusers_config,
 )
 from vidax.models.wan_vae import model as wan_vae_model
 from vidax.sharding import PARAM_AXES
@@ -61,6 +62,13 @@ def test_config_derived_sizes():
     assert (small.spatial_factor, small.temporal_factor) == (4, 2)
     # Lists (as in a diffusers config.json) are stored as tuples, so configs stay hashable.
     assert hash(WanVAEConfig(dim_mult=[1, 2], temperal_downsample=[False]))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_to_diffusers_config_round_trips(preset):
+    kwargs = to_diffusers_config(PRESETS[preset])
+    assert all(not isinstance(v, tuple) for v in kwargs.values())  # as diffusers stores them
+    assert from_diffusers_config(kwargs) == PRESETS[preset]
 
 
 def test_from_diffusers_config():

@@ -12,7 +12,7 @@ from tests.reference._torch import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from vidax.models.wan import WanConfig, load  # noqa: E402
+from vidax.models.wan import WanConfig, load, to_diffusers_config  # noqa: E402
 from vidax.nn import rope_angles, timestep_embedding, video_positions  # noqa: E402
 
 pytestmark = pytest.mark.reference
@@ -34,19 +34,7 @@ CONFIG = WanConfig(
 
 def _reference_model(config: WanConfig, seed: int = 0):
     torch.manual_seed(seed)
-    model = diffusers.WanTransformer3DModel(
-        patch_size=config.patch_size,
-        num_attention_heads=config.num_heads,
-        attention_head_dim=config.head_dim,
-        in_channels=config.in_channels,
-        out_channels=config.out_channels,
-        text_dim=config.text_dim,
-        freq_dim=config.freq_dim,
-        ffn_dim=config.ffn_dim,
-        num_layers=config.num_layers,
-        cross_attn_norm=config.cross_attn_norm,
-        eps=config.eps,
-    ).eval()
+    model = diffusers.WanTransformer3DModel(**to_diffusers_config(config)).eval()
     # diffusers zero-initialises some biases; randomise everything so every weight is tested.
     with torch.no_grad():
         for p in model.parameters():

@@ -89,6 +89,23 @@ class WanConfig(PatchedVideoDiT):
         return wan_axes_dims(self.head_dim)
 
 
+def to_diffusers_config(config: WanConfig) -> dict:
+    """The `WanTransformer3DModel(**kwargs)` arguments of `config` (architecture only)."""
+    return dict(
+        patch_size=tuple(config.patch_size),
+        num_attention_heads=config.num_heads,
+        attention_head_dim=config.head_dim,
+        in_channels=config.in_channels,
+        out_channels=config.out_channels,
+        text_dim=config.text_dim,
+        freq_dim=config.freq_dim,
+        ffn_dim=config.ffn_dim,
+        num_layers=config.num_layers,
+        cross_attn_norm=config.cross_attn_norm,
+        eps=config.eps,
+    )
+
+
 PRESETS: dict[str, WanConfig] = {
     "wan2.1-1.3b": WanConfig(dim=1536, num_layers=30, num_heads=12, ffn_dim=8960),
     "wan2.1-14b": WanConfig(dim=5120, num_layers=40, num_heads=40, ffn_dim=13824),

@@ -147,6 +147,13 @@ _DIFFUSERS_KEYS = {
 }
 
 
+def to_diffusers_config(config: WanVAEConfig) -> dict:
+    """The `AutoencoderKLWan(**kwargs)` arguments of `config` (lists for tuples; unset latent
+    statistics left out): the inverse of `from_diffusers_config`."""
+    kwargs = {k: getattr(config, k) for k in sorted(_DIFFUSERS_KEYS)}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items() if v is not None}
+
+
 def from_diffusers_config(config: Mapping, **overrides) -> WanVAEConfig:
     """A `WanVAEConfig` from a diffusers `AutoencoderKLWan` config (its config.json as a dict).
 
