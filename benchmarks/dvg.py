@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vidax import dvg, metrics, pipeline, sampling
+from vidax import dvg, metrics, pipeline
 from vidax.data import EVAL_PROMPTS
 from vidax.metrics.harness import TABLE_METRICS
 from vidax.models.registry import get, get_vae
@@ -122,9 +122,9 @@ def run_tiny(args) -> None:
         transformer, vae = _load(spec, args)
     random_weights = [str(w.message) for w in caught if "random" in str(w.message)]
     family = pipeline.adapter(spec)
-    solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
+    solver = d.solver(sampler=args.sampler, steps=steps, shift=shift)
     few_steps = max(1, round(steps * args.budget))
-    few_solver = sampling.make_solver(args.sampler or d.sampler, few_steps, shift)
+    few_solver = d.solver(sampler=args.sampler, steps=few_steps, shift=shift)
     cfg_batch = 1 if family.embedded_guidance(spec) else 2
     # dvg runs under the preset's policy (as `pipeline.generate` does); the fixed families as asked
     dvg_policy = dvg.Policy(spatial=spec.dvg_spatial)
@@ -353,7 +353,7 @@ def run_calibration(args) -> None:
     latent = pipeline.geometry(spec).latent_shape(frames, height, width)
     transformer, vae = _load(spec, args)
     family = pipeline.adapter(spec)
-    solver = sampling.make_solver(args.sampler or d.sampler, steps, shift)
+    solver = d.solver(sampler=args.sampler, steps=steps, shift=shift)
     patch = tuple(spec.config.patch_size)
     cfg = 1.0 if family.embedded_guidance(spec) else guidance
     first = dvg.probe_stage(latent[:3], patch, steps)
@@ -421,7 +421,7 @@ def run_large(args) -> None:
         d = spec.defaults
         latent = pipeline.geometry(spec).latent_shape(d.num_frames, d.height, d.width)[:3]
         patch = tuple(spec.config.patch_size)
-        solver = sampling.make_solver(d.sampler, d.steps, d.shift)
+        solver = d.solver()
         batch = 1 if pipeline.adapter(spec).embedded_guidance(spec) else 2
         full = d.steps * hlo_step_flops(name, latent, batch)
         print(

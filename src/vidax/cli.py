@@ -163,9 +163,30 @@ def generate(
     save_frames: Annotated[
         Path | None, typer.Option(help="Also write every frame as a PNG into this folder.")
     ] = None,
-    model: Annotated[str, typer.Option(help="Model preset (see `vidax models`).")] = "tiny",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model preset (see `vidax models`); default: tiny, or with --checkpoint the "
+            "family its configs name (a preset then only fills in what they do not say)."
+        ),
+    ] = None,
     checkpoint: Annotated[
-        Path | None, typer.Option(help="Diffusers-layout weights: pipeline dir or transformer dir.")
+        Path | None,
+        typer.Option(
+            help="Diffusers-layout checkpoint: a pipeline dir (model_index.json) or transformer "
+            "dir, built from its config.json files; or weights for --model's config."
+        ),
+    ] = None,
+    vae: Annotated[
+        Path | None,
+        typer.Option(help="Decode with this diffusers VAE (a vae/ dir or a pipeline dir)."),
+    ] = None,
+    text_encoder: Annotated[
+        Path | None,
+        typer.Option(
+            help="Text encoder instead of the checkpoint's: umT5 pipeline or text_encoder/ dir "
+            "(tokenizer inside or beside it); tiny models: a text_encoder.safetensors."
+        ),
     ] = None,
     prompt_embeds: Annotated[
         Path | None, typer.Option(help="Precomputed prompt embeddings (.npy / .safetensors).")
@@ -206,7 +227,7 @@ def generate(
     """Generate a video and write it as mp4 (or .npz: raw frames, latents, initial noise)."""
     import numpy as np
 
-    from vidax import models, pipeline
+    from vidax import pipeline
     from vidax.forcing.command import is_causal
     from vidax.video import write_frames, write_video
 
@@ -217,7 +238,9 @@ def generate(
         raise ValueError(f"--out must end in .mp4 or .npz, got {out.name!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
-    if is_causal(model):
+    if model is None and (checkpoint is None or not _has_configs(checkpoint)):
+        model = "tiny"  # the default preset; a checkpoint with configs names its own family
+    if model is not None and is_causal(model):
         ignored = {
             "--accel": accel != "none",
             "--budget": budget is not None,
@@ -227,6 +250,8 @@ def generate(
             "--sampler": sampler is not None,
             "--negative-prompt": negative_prompt != "",
             "--checkpoint": checkpoint is not None,
+            "--vae": vae is not None,
+            "--text-encoder": text_encoder is not None,
             "--prompt-embeds": prompt_embeds is not None,
             "--plan": plan is not None,
             "--fps": fps is not None,
@@ -241,15 +266,22 @@ def generate(
                 "schedule and shipped weights, without classifier-free guidance (--set edits "
                 "its ForcingConfig)"
             )
-    if is_causal(model) or stream:
+    if stream:
+        _stream(model, prompt, out, frames, height, width, seed, set_, random_weights)
+        return
+    if model is not None and is_causal(model):
         _stream(model, prompt, out, frames, height, width, seed, set_, random_weights)
         return
     accel_options = dvg_options(accel, budget)
-    spec = models.get(model)
-    if set_:
-        spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
     if checkpoint is not None and not checkpoint.exists():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    spec = pipeline.resolve_spec(model, checkpoint)
+    if vae is not None:
+        spec = pipeline.with_vae(spec, vae)
+    if set_:
+        spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
+    if checkpoint is not None and _has_configs(checkpoint):
+        console.print(_describe(spec), highlight=False, soft_wrap=True)
     embeds = negative = None
     if prompt_embeds is not None:
         embeds, negative = pipeline.load_prompt_embeds(prompt_embeds, spec)
@@ -278,6 +310,7 @@ def generate(
             sampler=sampler,
             seed=seed,
             checkpoint=checkpoint,
+            text_encoder=text_encoder,
             mesh=mesh,
             strategy=strategy,
             on_step=bar.step,
@@ -304,6 +337,22 @@ def generate(
     console.print(
         f"wrote {out} ({frames_out.shape[0]} frames, {frames_out.shape[2]}x{frames_out.shape[1]}, "
         f"{time.perf_counter() - start:.1f}s)"
+    )
+
+
+def _has_configs(checkpoint: Path) -> bool:
+    from vidax.models.pretrained import is_config_dir
+
+    return checkpoint.is_dir() and is_config_dir(checkpoint)
+
+
+def _describe(spec) -> str:
+    """One line saying what a checkpoint's configs built."""
+    c, d = spec.config, spec.defaults
+    params = spec.num_params() / 1e6
+    return (
+        f"{spec.name}: {spec.family} transformer ({params:.1f}M parameters, {c.num_layers} "
+        f"layers, {c.param_dtype}), VAE {spec.vae_name}, sampler {d.sampler} shift {d.shift:g}"
     )
 
 

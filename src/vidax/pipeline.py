@@ -34,7 +34,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import sampling
 from vidax.checkpoint import CheckpointError
-from vidax.models.registry import ModelSpec, get, get_vae
+from vidax.models import pretrained
+from vidax.models.registry import ModelSpec, get
 
 Conditioning = dict[str, Any]
 ASSETS = Path(__file__).parent / "assets"
@@ -114,11 +115,11 @@ def geometry(spec: ModelSpec) -> LatentGeometry:
     temporal, spatial = 4, 8
     channels = latent_channels(spec)
     if spec.vae is not None:
-        vae = get_vae(spec.vae).config
+        vae = spec.vae_spec.config
         temporal, spatial = vae.temporal_factor, vae.spatial_factor
         if vae.z_dim != channels:
             raise ValueError(
-                f"model {spec.name!r}: VAE {spec.vae!r} has {vae.z_dim} latent channels "
+                f"model {spec.name!r}: VAE {spec.vae_name!r} has {vae.z_dim} latent channels "
                 f"but the transformer denoises {channels}"
             )
     return LatentGeometry(
@@ -217,6 +218,8 @@ def embed_prompts(
         if spec.text_config is not None:
             t = spec.text_config
             words, mask = HashedTextEmbedder(dim=t.in_dim, text_len=t.text_len)(prompts)
+            if isinstance(text_encoder, str | os.PathLike):
+                text_encoder = _cached_text_encoder(str(_word_encoder_file(text_encoder)), t)
             encoder = text_encoder or load_text_encoder(
                 spec, checkpoint, random_weights=random_weights
             )
@@ -232,13 +235,11 @@ def embed_prompts(
             count = np.maximum(wmask.sum(1, keepdims=True), 1)
             pooled = jnp.asarray((words * wmask[..., None]).sum(1) / count, jnp.float32)
         return PromptEmbeds(jnp.asarray(embeds), jnp.asarray(mask), pooled)
-    root = Path(checkpoint) if checkpoint is not None else None
-    if (
-        spec.text_encoder.startswith("umt5")
-        and root is not None
-        and (root / "text_encoder").is_dir()
-    ):
-        return _umt5_embeds(spec, prompts, root)
+    source = text_encoder if isinstance(text_encoder, str | os.PathLike) else checkpoint
+    if spec.text_encoder.startswith("umt5") and source is not None:
+        folders = _umt5_folders(Path(source))
+        if folders is not None:
+            return _umt5_embeds(spec, prompts, *folders)
     raise ValueError(
         f"model {spec.name!r} needs its text encoder ({spec.text_encoder}): pass a diffusers "
         "pipeline folder with text_encoder/ and tokenizer/ (umT5 only) or precomputed prompt "
@@ -293,11 +294,33 @@ def _compiled_text(graphdef):
     return jax.jit(lambda state, words, mask: nnx.merge(graphdef, state)(words, mask))
 
 
-def _umt5_embeds(spec: ModelSpec, prompts: list[str], root: Path) -> PromptEmbeds:
+def _word_encoder_file(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / TEXT_ENCODER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"text encoder weights not found: {path}")
+    return path
+
+
+def _umt5_folders(path: Path) -> tuple[Path, Path] | None:
+    """(text encoder folder, tokenizer folder) of a pipeline folder or of a text_encoder folder
+    with its tokenizer inside or beside it; None if `path` holds no text encoder."""
+    if (path / "text_encoder").is_dir():
+        return path / "text_encoder", path / "tokenizer"
+    if (path / "config.json").is_file():
+        inside = any((path / f).is_file() for f in ("tokenizer.json", "spiece.model"))
+        return path, path if inside else path.parent / "tokenizer"
+    return None
+
+
+def _umt5_embeds(
+    spec: ModelSpec, prompts: list[str], encoder_dir: Path, tokenizer_dir: Path
+) -> PromptEmbeds:
     from vidax.models import umt5
     from vidax.text import encode_prompts_with_lengths
 
-    config_file = root / "text_encoder" / "config.json"
+    config_file = encoder_dir / "config.json"
     if config_file.exists():
         config = umt5.from_hf_config(json.loads(config_file.read_text()), dtype="float32")
     else:
@@ -306,8 +329,8 @@ def _umt5_embeds(spec: ModelSpec, prompts: list[str], root: Path) -> PromptEmbed
         raise ValueError(
             f"text encoder width {config.d_model} != transformer text_dim {spec.config.text_dim}"
         )
-    encoder = _cached_umt5(str(root / "text_encoder"), config)
-    tokenizer = umt5.Tokenizer(root / "tokenizer")
+    encoder = _cached_umt5(str(encoder_dir), config)
+    tokenizer = umt5.Tokenizer(tokenizer_dir)
     embeds, lengths = encode_prompts_with_lengths(
         encoder, tokenizer, prompts, max_length=spec.config.text_len
     )
@@ -558,7 +581,7 @@ def missing_message(spec: ModelSpec, missing: list[str]) -> str:
     real_text = TEXT_ENCODER in missing and spec.text_encoder != "hashed"
     names = {
         TRANSFORMER: "transformer",
-        VAE: f"VAE ({spec.vae})",
+        VAE: f"VAE ({spec.vae_name})",
         TEXT_ENCODER: f"text encoder ({spec.text_encoder if real_text else 'WordEncoder'})",
     }
     parts = [names[m] for m in missing]
@@ -637,7 +660,7 @@ def load_vae(
     """
     if spec.vae is None:
         return None
-    vae = get_vae(spec.vae)
+    vae = spec.vae_spec
     path = _vae_path(spec, None if checkpoint is None else Path(checkpoint))
     if path is not None:
         return vae.loader(path, vae.config)
@@ -648,6 +671,8 @@ def load_vae(
 
 
 def _vae_path(spec: ModelSpec, root: Path | None) -> Path | None:
+    if spec.vae_spec.path is not None:  # read from a checkpoint or given by --vae
+        return spec.vae_spec.path
     if root is not None and (root / "vae").is_dir():
         return root / "vae"
     return _shipped(spec, "vae.safetensors")
@@ -675,8 +700,35 @@ def _compiled_decode(graphdef):
 # -- the user-facing call -------------------------------------------------------------------------
 
 
+def resolve_spec(
+    model: str | ModelSpec | None, checkpoint: str | os.PathLike | None = None
+) -> ModelSpec:
+    """The spec to run: a `ModelSpec` as it is; a preset name (or None) read through the
+    checkpoint's own configs when it has them, else the preset.
+
+    Raises:
+      ValueError: no model and no checkpoint with configs, or a checkpoint of another family.
+    """
+    if isinstance(model, ModelSpec):
+        return model
+    base = None if model is None else get(model)
+    if checkpoint is not None and (base is None or pretrained.is_config_dir(checkpoint)):
+        return pretrained.spec_from_checkpoint(checkpoint, base)
+    if base is None:
+        raise ValueError("name a model preset, or pass a checkpoint folder with its configs")
+    return base
+
+
+def with_vae(spec: ModelSpec, path: str | os.PathLike) -> ModelSpec:
+    """`spec` decoding with the diffusers VAE at `path` (a VAE folder or a pipeline folder);
+    its latent channels must fit the transformer (checked by `geometry`)."""
+    spec = dataclasses.replace(spec, vae=pretrained.read_vae(path))
+    geometry(spec)
+    return spec
+
+
 def generate(
-    model: str | ModelSpec,
+    model: str | ModelSpec | None,
     prompt: str | list[str] | None = None,
     *,
     prompt_embeds: PromptEmbeds | jax.Array | np.ndarray | None = None,
@@ -693,7 +745,7 @@ def generate(
     checkpoint: str | os.PathLike | None = None,
     transformer: nnx.Module | None = None,
     vae=None,
-    text_encoder: nnx.Module | None = None,
+    text_encoder: nnx.Module | str | os.PathLike | None = None,
     decode_frames: bool = True,
     mesh: Mesh | None = None,
     strategy: str | None = None,
@@ -705,7 +757,10 @@ def generate(
     """Generates a video from a prompt or precomputed embeddings.
 
     Args:
-      model: preset name or `ModelSpec`.
+      model: preset name or `ModelSpec`. With a `checkpoint` that has its own configs (a
+        diffusers pipeline or transformer folder) a name (or None) is only the default for what
+        the checkpoint does not say (`vidax.models.pretrained.spec_from_checkpoint`); a
+        `ModelSpec` is used as it is.
       prompt / prompt_embeds: exactly one; embeddings are `PromptEmbeds` or arrays
         (b, s, text_dim) / (s, text_dim).
       negative_prompt / negative_prompt_embeds: the CFG unconditional branch.
@@ -713,8 +768,11 @@ def generate(
       steps, guidance, shift, sampler: sampling settings (default: the preset's).
       seed: noise seed.
       checkpoint: diffusers-layout pipeline folder or transformer weights (default: shipped).
-      transformer / vae / text_encoder: already-built models (skip loading; the text encoder
-        of presets with a trained `WordEncoder`).
+      transformer / vae: already-built models (skip loading); vae may also be a path (a
+        diffusers VAE folder, or a pipeline folder with vae/) that replaces the model's VAE.
+      text_encoder: the text encoder instead of the checkpoint's or shipped one: a built
+        `WordEncoder`, or a path (umT5: a pipeline folder or a text_encoder/ folder with its
+        tokenizer beside or inside it; `WordEncoder`: its .safetensors file or folder).
       decode_frames: decode latents to frames with the VAE.
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
       on_step: host callback per denoising step.
@@ -730,7 +788,10 @@ def generate(
       CheckpointError: missing weights (see random_weights) or a checkpoint that does not fit.
       ValueError: bad settings, or non-finite latents after sampling (naming the step).
     """
-    spec = get(model) if isinstance(model, str) else model
+    spec = resolve_spec(model, checkpoint)
+    if isinstance(vae, str | os.PathLike):
+        spec = with_vae(spec, vae)
+        vae = None
     family = adapter(spec)
     if mesh is not None:
         from vidax.sharding import auto_mesh
@@ -790,7 +851,7 @@ def generate(
         negative = family.conditioning(spec, neg_text, guidance)
     cfg_scale = 1.0 if family.embedded_guidance(spec) else guidance
 
-    solver = sampling.make_solver(sampler or d.sampler, steps, shift)
+    solver = d.solver(sampler=sampler, steps=steps, shift=shift)
     noise = jax.random.normal(jax.random.key(seed), (text.batch, *shape), jnp.float32)
     initial_noise = np.asarray(noise)  # host copy: `Video.noise`
     if transformer is None and TRANSFORMER in missing:
@@ -846,7 +907,7 @@ def generate(
     frames = None
     if decode_frames:
         if vae is None and VAE in missing:
-            vae = get_vae(spec.vae).build(seed=0)
+            vae = spec.vae_spec.build(seed=0)
         elif vae is None:
             vae = load_vae(spec, checkpoint)
         if vae is not None:
@@ -859,6 +920,85 @@ def generate(
         noise=initial_noise,
         choices=choices or None,
         denoise_seconds=denoise_seconds,
+    )
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model loaded once to generate many videos: its spec and its built parts.
+
+    text_encoder is a built `WordEncoder`, a path given to `load`, or None (the checkpoint's
+    own umT5, read on first use, or the built-in hashed embedder).
+    """
+
+    spec: ModelSpec
+    transformer: nnx.Module
+    vae: nnx.Module | None
+    text_encoder: nnx.Module | str | os.PathLike | None
+    checkpoint: Path | None
+
+    def generate(self, prompt: str | list[str] | None = None, **kwargs) -> Video:
+        """`generate` with this model's parts (keyword arguments as there)."""
+        return generate(
+            self.spec,
+            prompt,
+            transformer=self.transformer,
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            checkpoint=self.checkpoint,
+            **kwargs,
+        )
+
+
+def load(
+    checkpoint: str | os.PathLike | None = None,
+    model: str | ModelSpec | None = None,
+    *,
+    vae: str | os.PathLike | None = None,
+    text_encoder: str | os.PathLike | None = None,
+    mesh: Mesh | None = None,
+    strategy: str | None = None,
+    random_weights: bool = False,
+) -> Loaded:
+    """Builds a model from a diffusers checkpoint's configs (or a preset) and loads its weights.
+
+    Args:
+      checkpoint: a diffusers pipeline folder (`model_index.json`), a transformer folder, or
+        weights for `model`'s config; None: the preset's shipped weights.
+      model: preset name (the default for what the checkpoint does not say) or `ModelSpec`.
+      vae / text_encoder: paths replacing one component (see `generate`).
+      mesh / strategy: place the transformer's parameters sharded.
+      random_weights: parts without weights run on random initialisation (warning).
+
+    Raises:
+      CheckpointError: missing weights or configs, or a checkpoint that does not fit.
+      ValueError: a checkpoint vidax does not run, or one of another family than `model`.
+    """
+    spec = resolve_spec(
+        model if model is not None or checkpoint is not None else "tiny", checkpoint
+    )
+    if vae is not None:
+        spec = with_vae(spec, vae)
+    if mesh is not None:
+        from vidax.sharding import auto_mesh
+
+        mesh = auto_mesh(mesh)
+    missing = missing_weights(spec, checkpoint, text_encoder=text_encoder is None)
+    if missing and not random_weights:
+        raise CheckpointError(missing_message(spec, missing))
+    transformer = load_transformer(
+        spec, checkpoint, mesh=mesh, strategy=strategy, random_weights=random_weights
+    )
+    loaded_vae = load_vae(spec, checkpoint, random_weights=random_weights)
+    encoder = text_encoder
+    if encoder is None and spec.text_config is not None:
+        encoder = load_text_encoder(spec, checkpoint, random_weights=random_weights)
+    return Loaded(
+        spec=spec,
+        transformer=transformer,
+        vae=loaded_vae,
+        text_encoder=encoder,
+        checkpoint=None if checkpoint is None else Path(checkpoint),
     )
 
 

@@ -15,3 +15,33 @@ def assert_close(got, want, rel: float, what: str = "") -> None:
 
 def to_numpy(t):
     return t.detach().float().cpu().numpy()
+
+
+def train_sentencepiece(path):
+    """A tiny T5-style sentencepiece model (pad 0, eos 1, unk 2) trained offline into
+    `path/spiece.model`; returns `path`."""
+    import io
+
+    import sentencepiece as spm
+
+    sentences = [
+        "a red cube rolls over a blue sphere",
+        "the green cone spins slowly",
+        "two yellow cubes bounce on the floor",
+        "a cat walks on the grass in the sunlight",
+        "camera pans left over snowy mountains",
+    ] * 10
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=40,
+        hard_vocab_limit=False,
+        pad_id=0,  # T5's special ids
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
+    (path / "spiece.model").write_bytes(model.getvalue())
+    return path

@@ -168,3 +168,17 @@ def test_unipc_without_lower_order_final(order):
     _compare_trajectories(reference, solver)
     with pytest.raises(ValueError, match="lower_order_final"):
         UniPC(num_steps=8, shift=3.0, order=order, lower_order_final=False)
+
+
+@pytest.mark.parametrize("num_steps", STEPS)
+@pytest.mark.parametrize("shift", SHIFTS)
+def test_euler_linspace_sigmas_as_the_hunyuan_pipelines_pass_them(num_steps, shift):
+    """HunyuanVideo (1 and 1.5) pipelines call set_timesteps(sigmas=linspace(1, 0, N+1)[:-1])."""
+    reference = _reference_euler(shift)
+    reference.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
+    solver = FlowEuler(num_steps=num_steps, shift=shift, linspace_sigmas=True)
+    np.testing.assert_array_equal(solver.sigmas, reference.sigmas.numpy())
+    np.testing.assert_array_equal(solver.timesteps, reference.timesteps.numpy())
+    if num_steps > 1:  # not the scheduler's own spacing
+        assert not np.array_equal(solver.sigmas, FlowEuler(num_steps=num_steps, shift=shift).sigmas)
+    _compare_trajectories(reference, solver)

@@ -1,13 +1,12 @@
 """Numerical parity of the UMT5 encoder and tokenizer against transformers (tiny, random)."""
 
 import dataclasses
-import io
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.reference._torch import assert_close, to_numpy
+from tests.reference._torch import assert_close, to_numpy, train_sentencepiece
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -167,28 +166,7 @@ def test_xxl_parameter_count_matches_transformers():
 
 @pytest.fixture(scope="module")
 def sentencepiece_dir(tmp_path_factory):
-    sentences = [
-        "a red cube rolls over a blue sphere",
-        "the green cone spins slowly",
-        "two yellow cubes bounce on the floor",
-        "a cat walks on the grass in the sunlight",
-        "camera pans left over snowy mountains",
-    ] * 10
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=40,
-        hard_vocab_limit=False,
-        pad_id=0,  # T5's special ids
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        minloglevel=2,
-    )
-    path = tmp_path_factory.mktemp("spm")
-    (path / "spiece.model").write_bytes(model.getvalue())
-    return path
+    return train_sentencepiece(tmp_path_factory.mktemp("spm"))
 
 
 @pytest.mark.parametrize("backend", ["spiece.model", "tokenizer.json"])

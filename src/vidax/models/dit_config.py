@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax.numpy as jnp
 
 
@@ -33,3 +36,42 @@ class PatchedVideoDiT:
         """Tokens of a (t, h, w) latent after patchify."""
         pt, ph, pw = self.patch_size
         return (latent_frames // pt) * (latent_height // ph) * (latent_width // pw)
+
+
+def diffusers_fields(
+    config: Mapping[str, Any],
+    class_name: str,
+    *,
+    keys: Mapping[str, str],
+    required: Mapping[str, Any] | None = None,
+    ignored: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Our config fields from a diffusers `config.json` (as a dict).
+
+    Args:
+      config: the diffusers config; keys starting with "_" (class name, versions) are skipped.
+      class_name: the diffusers class, for error messages.
+      keys: diffusers key -> our field name.
+      required: diffusers key -> the only value this port implements (absent keys pass).
+      ignored: keys that do not change the model (e.g. defaults a pipeline reads).
+
+    Raises:
+      ValueError: a required key has another value, or a key is unknown: nothing a checkpoint
+        says is dropped silently.
+    """
+    required = required or {}
+    for key, value in required.items():
+        if key in config and config[key] != value:
+            raise ValueError(
+                f"{class_name} with {key}={config[key]!r} is not supported (only {value!r})"
+            )
+    unknown = sorted(
+        k for k in config if not k.startswith("_") and k not in {*keys, *required, *ignored}
+    )
+    if unknown:
+        raise ValueError(f"unknown {class_name} config keys {unknown}")
+    return {ours: _tuple(config[theirs]) for theirs, ours in keys.items() if theirs in config}
+
+
+def _tuple(value):
+    return tuple(value) if isinstance(value, list) else value

@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flax import nnx
@@ -35,6 +36,21 @@ class SamplingDefaults:
     guidance: float
     sampler: str = "unipc"
     fps: int = 16
+    # Solver fields beyond the shift (e.g. UniPC's order), as read from a checkpoint's scheduler.
+    solver_options: tuple[tuple[str, Any], ...] = ()
+
+    def solver(self, *, sampler: str | None = None, steps: int | None = None, shift=None):
+        """The `vidax.sampling` solver of these defaults, any of them overridden (the
+        `solver_options` apply to the default sampler only)."""
+        from vidax import sampling
+
+        name = sampler or self.sampler
+        return sampling.make_solver(
+            name,
+            self.steps if steps is None else steps,
+            self.shift if shift is None else shift,
+            **(dict(self.solver_options) if name == self.sampler else {}),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +61,8 @@ class ModelSpec:
       name: preset name, e.g. "wan2.1-1.3b".
       family: transformer family key ("wan", "hunyuanvideo", "hunyuanvideo15").
       config: the transformer config (family-specific frozen dataclass).
-      vae: VAE preset name, resolved by `get_vae` across VAE families (None: latents only).
+      vae: VAE preset name, resolved by `get_vae` across VAE families, or a `VAESpec` (e.g. read
+        from a checkpoint by `vidax.models.pretrained`); None: latents only.
       text_encoder: "hashed" (built in, no download) or the name of an encoder preset that the
         user provides weights for (e.g. "umt5-xxl").
       weights: packaged asset folder with shipped weights (`vidax/assets/<weights>`), if any.
@@ -61,7 +78,7 @@ class ModelSpec:
     name: str
     family: str
     config: Any
-    vae: str | None
+    vae: str | VAESpec | None
     text_encoder: str
     weights: str | None = None
     defaults: SamplingDefaults
@@ -77,6 +94,17 @@ class ModelSpec:
     def loader(self) -> Callable:
         """`load(path, config, *, mesh=None, strategy=None)` of the family."""
         return importlib.import_module(_FAMILIES[self.family][0]).load
+
+    @property
+    def vae_spec(self) -> VAESpec | None:
+        """The VAE this model decodes with (None: latents only)."""
+        if self.vae is None or isinstance(self.vae, VAESpec):
+            return self.vae
+        return get_vae(self.vae)
+
+    @property
+    def vae_name(self) -> str | None:
+        return self.vae if self.vae is None or isinstance(self.vae, str) else self.vae.name
 
     def build(self, *, seed: int = 0, config=None) -> nnx.Module:
         """A randomly initialised transformer (use `loader` for real weights)."""
@@ -165,6 +193,7 @@ def _specs() -> dict[str, ModelSpec]:
                 guidance=6.0,
                 sampler="euler",
                 fps=24,
+                solver_options=(("linspace_sigmas", True),),
             ),
         ),
         (
@@ -182,6 +211,7 @@ def _specs() -> dict[str, ModelSpec]:
                 guidance=6.0,
                 sampler="euler",
                 fps=24,
+                solver_options=(("linspace_sigmas", True),),
             ),
         ),
     ):
@@ -227,11 +257,13 @@ _VAE_FAMILIES = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VAESpec:
-    """A VAE preset: config (with `z_dim`, `temporal_factor`, `spatial_factor`), class, loader."""
+    """A VAE: config (with `z_dim`, `temporal_factor`, `spatial_factor`), class, loader, and
+    (for one read from a checkpoint) where its weights are."""
 
     name: str
     family: str
     config: Any
+    path: Path | None = None
 
     @property
     def module(self) -> type[nnx.Module]:

@@ -137,14 +137,20 @@ class FlowEuler:
       shift: time shift s applied to the linear schedule (`shift_sigmas`).
       schedule: explicit (N+1,) descending sigmas used as given (see `from_sigmas`); shift
         must then be 1.
+      linspace_sigmas: σ = shift(linspace(1, 0, N+1)[:−1]), then 0: the schedule the
+        HunyuanVideo (1 and 1.5) pipelines pass to the scheduler instead of its own spacing of
+        1000·[1, σ_min] (the two differ from the second step on).
     """
 
     num_steps: int
     shift: float = 1.0
     schedule: tuple[float, ...] | None = None
+    linspace_sigmas: bool = False
 
     def __post_init__(self):
         _check_common("FlowEuler", self.num_steps, self.shift, self.schedule)
+        if self.linspace_sigmas and self.schedule is not None:
+            raise ValueError("FlowEuler: pass an explicit schedule or linspace_sigmas, not both")
 
     @classmethod
     def from_sigmas(cls, sigmas) -> FlowEuler:
@@ -160,6 +166,12 @@ class FlowEuler:
         """(N+1,) float32 noise levels, descending."""
         if self.schedule is not None:
             return _frozen(np.asarray(self.schedule, np.float32))
+        if self.linspace_sigmas:
+            # As diffusers' set_timesteps(sigmas=...): float32 sigmas shifted in float32.
+            base = np.linspace(1.0, 0.0, self.num_steps + 1)[:-1].astype(np.float32)
+            s32, s32_minus_1 = np.float32(self.shift), np.float32(self.shift - 1)
+            sigmas = s32 * base / (np.float32(1) + s32_minus_1 * base)
+            return _frozen(np.append(sigmas, np.float32(0)))
         # The scheduler's __init__ shifts its float32 training sigmas (1..1/1000) once ...
         sigma_min = np.float32(1.0) / np.float32(NUM_TRAIN_TIMESTEPS)
         # (torch rounds the Python scalars `shift` and `shift - 1` to float32 separately.)

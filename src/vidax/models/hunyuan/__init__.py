@@ -1,6 +1,11 @@
 """HunyuanVideo (1.0) text-to-video diffusion transformer."""
 
-from vidax.models.hunyuan.config import PRESETS, HunyuanVideoConfig
+from vidax.models.hunyuan.config import (
+    PRESETS,
+    HunyuanVideoConfig,
+    from_diffusers_config,
+    to_diffusers_config,
+)
 from vidax.models.hunyuan.convert import key_map, load
 from vidax.models.hunyuan.model import (
     Conditioning,
@@ -18,6 +23,8 @@ __all__ = [
     "HunyuanVideoTransformer",
     "SingleStreamBlock",
     "TokenRefiner",
+    "from_diffusers_config",
     "key_map",
     "load",
+    "to_diffusers_config",
 ]

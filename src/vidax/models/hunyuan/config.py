@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from vidax.models.dit_config import PatchedVideoDiT
+from vidax.models.dit_config import PatchedVideoDiT, diffusers_fields
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -128,6 +129,69 @@ class HunyuanVideoConfig(HunyuanDiTConfigBase):
                 "freq_dim",
             ),
         )
+
+
+# diffusers key -> field, shared by the HunyuanVideo 1 and 1.5 transformers.
+DIFFUSERS_KEYS = {
+    "in_channels": "in_channels",
+    "out_channels": "out_channels",
+    "num_attention_heads": "num_heads",
+    "attention_head_dim": "head_dim",
+    "num_layers": "num_layers",
+    "num_refiner_layers": "num_refiner_layers",
+    "mlp_ratio": "mlp_ratio",
+    "text_embed_dim": "text_dim",
+    "rope_theta": "rope_theta",
+    "rope_axes_dim": "rope_axes_dims",
+}
+
+
+def patch_from_diffusers(config: Mapping, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(pt, ph, pw) from diffusers' `patch_size_t` and square `patch_size`."""
+    size = config.get("patch_size", default[1])
+    return (config.get("patch_size_t", default[0]), size, size)
+
+
+def to_diffusers_config(config: HunyuanVideoConfig) -> dict:
+    """The `HunyuanVideoTransformer3DModel(**kwargs)` arguments of `config` (architecture)."""
+    pt, ph, pw = config.patch_size
+    if ph != pw:
+        raise ValueError(f"diffusers patches are square, got patch_size {config.patch_size}")
+    return dict(
+        {theirs: getattr(config, ours) for theirs, ours in DIFFUSERS_KEYS.items()},
+        rope_axes_dim=tuple(config.rope_axes_dims),
+        num_single_layers=config.num_single_layers,
+        patch_size=ph,
+        patch_size_t=pt,
+        guidance_embeds=config.guidance_embeds,
+        pooled_projection_dim=config.pooled_dim,
+    )
+
+
+def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideoConfig:
+    """A config from a diffusers `HunyuanVideoTransformer3DModel` config (config.json as a
+    dict); `overrides` set what a checkpoint does not say (text_len, dtypes).
+
+    Raises:
+      ValueError: for options this port does not implement (image conditioning, another
+        qk_norm), or unknown keys.
+    """
+    fields = diffusers_fields(
+        config,
+        "HunyuanVideoTransformer3DModel",
+        keys={
+            **DIFFUSERS_KEYS,
+            "num_single_layers": "num_single_layers",
+            "guidance_embeds": "guidance_embeds",
+            "pooled_projection_dim": "pooled_dim",
+        },
+        required={"qk_norm": "rms_norm", "image_condition_type": None},
+        ignored=frozenset({"patch_size", "patch_size_t"}),
+    )
+    fields["patch_size"] = patch_from_diffusers(config, (1, 2, 2))
+    for name, default in (("num_heads", 24), ("num_layers", 20), ("num_single_layers", 40)):
+        fields.setdefault(name, default)  # diffusers' defaults (the config has none)
+    return HunyuanVideoConfig(**{**fields, **overrides})
 
 
 PRESETS: dict[str, HunyuanVideoConfig] = {

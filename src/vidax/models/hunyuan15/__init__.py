@@ -1,6 +1,11 @@
 """HunyuanVideo-1.5 text/image-to-video diffusion transformer."""
 
-from vidax.models.hunyuan15.config import PRESETS, HunyuanVideo15Config
+from vidax.models.hunyuan15.config import (
+    PRESETS,
+    HunyuanVideo15Config,
+    from_diffusers_config,
+    to_diffusers_config,
+)
 from vidax.models.hunyuan15.convert import key_map, load
 from vidax.models.hunyuan15.model import (
     ByT5Projection,
@@ -14,6 +19,8 @@ __all__ = [
     "HunyuanVideo15Config",
     "HunyuanVideo15Transformer",
     "ImageProjection",
+    "from_diffusers_config",
     "key_map",
     "load",
+    "to_diffusers_config",
 ]

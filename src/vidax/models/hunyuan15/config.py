@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from vidax.models.hunyuan.config import HunyuanDiTConfigBase, check_dit_config
+from vidax.models.dit_config import diffusers_fields
+from vidax.models.hunyuan.config import (
+    DIFFUSERS_KEYS,
+    HunyuanDiTConfigBase,
+    check_dit_config,
+    patch_from_diffusers,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,6 +87,46 @@ class HunyuanVideo15Config(HunyuanDiTConfigBase):
                 "freq_dim",
             ),
         )
+
+
+_KEYS = {
+    **DIFFUSERS_KEYS,
+    "text_embed_2_dim": "byt5_dim",
+    "image_embed_dim": "image_dim",
+    "use_meanflow": "use_meanflow",
+}
+
+
+def to_diffusers_config(config: HunyuanVideo15Config) -> dict:
+    """The `HunyuanVideo15Transformer3DModel(**kwargs)` arguments of `config` (architecture;
+    the fixed widths byt5_hidden and the token counts are not diffusers arguments)."""
+    pt, ph, pw = config.patch_size
+    if ph != pw:
+        raise ValueError(f"diffusers patches are square, got patch_size {config.patch_size}")
+    kwargs = {theirs: getattr(config, ours) for theirs, ours in _KEYS.items()}
+    return dict(kwargs, rope_axes_dim=tuple(config.rope_axes_dims), patch_size=ph, patch_size_t=pt)
+
+
+def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideo15Config:
+    """A config from a diffusers `HunyuanVideo15Transformer3DModel` config (config.json as a
+    dict); `overrides` set what a checkpoint does not say (text lengths, dtypes).
+
+    Raises:
+      ValueError: for another qk_norm, or unknown keys.
+    """
+    fields = diffusers_fields(
+        config,
+        "HunyuanVideo15Transformer3DModel",
+        keys=_KEYS,
+        required={"qk_norm": "rms_norm"},
+        # target_size: the pipeline's default resolution; task_type: a label (the transformer
+        # is the same for t2v and i2v).
+        ignored=frozenset({"patch_size", "patch_size_t", "target_size", "task_type"}),
+    )
+    fields["patch_size"] = patch_from_diffusers(config, (1, 1, 1))
+    for name, default in (("num_heads", 16), ("num_layers", 54)):
+        fields.setdefault(name, default)  # diffusers' defaults (the config has none)
+    return HunyuanVideo15Config(**{**fields, **overrides})
 
 
 PRESETS: dict[str, HunyuanVideo15Config] = {

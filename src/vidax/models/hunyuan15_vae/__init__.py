@@ -4,6 +4,7 @@ from vidax.models.hunyuan15_vae.config import (
     PRESETS,
     HunyuanVideo15VAEConfig,
     from_diffusers_config,
+    to_diffusers_config,
 )
 from vidax.models.hunyuan15_vae.convert import key_map, load, save
 from vidax.models.hunyuan15_vae.model import HunyuanVideo15VAE
@@ -19,4 +20,5 @@ __all__ = [
     "key_map",
     "load",
     "save",
+    "to_diffusers_config",
 ]

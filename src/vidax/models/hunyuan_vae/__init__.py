@@ -6,6 +6,7 @@ from vidax.models.hunyuan_vae.config import (
     HunyuanVideoVAEConfig,
     Tiling,
     from_diffusers_config,
+    to_diffusers_config,
 )
 from vidax.models.hunyuan_vae.convert import key_map, load, save
 from vidax.models.hunyuan_vae.model import HunyuanVideoVAE
@@ -20,4 +21,5 @@ __all__ = [
     "key_map",
     "load",
     "save",
+    "to_diffusers_config",
 ]

@@ -181,6 +181,13 @@ _DIFFUSERS_KEYS = {
 }
 
 
+def to_diffusers_config(config: HunyuanVideoVAEConfig) -> dict:
+    """The diffusers constructor arguments of `config` (tuples as lists; tiling is a runtime
+    choice in diffusers, not a config key): the inverse of `from_diffusers_config`."""
+    kwargs = {theirs: getattr(config, ours) for theirs, ours in _DIFFUSERS_KEYS.items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+
+
 def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideoVAEConfig:
     """A config from a diffusers `AutoencoderKLHunyuanVideo` config (its config.json as a dict).
 

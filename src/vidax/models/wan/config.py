@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from vidax.models.dit_config import PatchedVideoDiT
+from vidax.models.dit_config import PatchedVideoDiT, diffusers_fields
 from vidax.nn.rope import wan_axes_dims
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -104,6 +105,51 @@ def to_diffusers_config(config: WanConfig) -> dict:
         cross_attn_norm=config.cross_attn_norm,
         eps=config.eps,
     )
+
+
+_DIFFUSERS_KEYS = {
+    "patch_size": "patch_size",
+    "num_attention_heads": "num_heads",
+    "in_channels": "in_channels",
+    "out_channels": "out_channels",
+    "text_dim": "text_dim",
+    "freq_dim": "freq_dim",
+    "ffn_dim": "ffn_dim",
+    "num_layers": "num_layers",
+    "cross_attn_norm": "cross_attn_norm",
+    "eps": "eps",
+}
+
+
+def from_diffusers_config(config: Mapping, **overrides) -> WanConfig:
+    """A `WanConfig` from a diffusers `WanTransformer3DModel` config (config.json as a dict);
+    `overrides` set what a checkpoint does not say (text_len, dtypes).
+
+    Raises:
+      ValueError: for options this port does not implement (image conditioning: Wan I2V;
+        another qk_norm), or unknown keys.
+    """
+    required = {
+        "qk_norm": "rms_norm_across_heads",
+        "image_dim": None,  # the I2V image embedder
+        "added_kv_proj_dim": None,
+        "pos_embed_seq_len": None,
+    }
+    # rope_max_seq_len only sizes diffusers' precomputed frequency table: vidax computes the
+    # angles of the actual positions.
+    fields = diffusers_fields(
+        config,
+        "WanTransformer3DModel",
+        keys=_DIFFUSERS_KEYS,
+        required=required,
+        ignored=frozenset({"attention_head_dim", "rope_max_seq_len"}),
+    )
+    head_dim = config.get("attention_head_dim", 128)
+    fields["dim"] = fields.get("num_heads", 40) * head_dim
+    fields.setdefault("num_heads", 40)
+    for name, default in (("ffn_dim", 13824), ("num_layers", 40)):
+        fields.setdefault(name, default)  # diffusers' defaults (WanConfig has none)
+    return WanConfig(**{**fields, **overrides})
 
 
 PRESETS: dict[str, WanConfig] = {
