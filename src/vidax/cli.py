@@ -460,9 +460,11 @@ def _options(
 def _register_subcommands() -> None:
     """Commands implemented beside their subsystems (each keeps heavy imports lazy)."""
     from vidax.planner.command import register as register_plan
+    from vidax.serve.command import register as register_serve
     from vidax.train.command import register as register_train
 
     register_plan(app)
+    register_serve(app)
     register_train(app)
     _report_user_errors(app)
 

@@ -23,6 +23,8 @@ from vidax.forcing.rollout import ChunkStepper, StreamDecoder
 
 # on_chunk(done_chunks, total_chunks, frames_written)
 ChunkCallback = Callable[[int, int, int], None]
+# on_frames(pixels): the chunk's decoded frames (f, H, W, 3) float32 in [0, 1]
+FramesCallback = Callable[[np.ndarray], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,7 @@ def stream_generate(
     transformer: CausalWan | None = None,
     vae=None,
     on_chunk: ChunkCallback | None = None,
+    on_frames: FramesCallback | None = None,
     random_weights: bool = False,
 ) -> StreamResult:
     """Generates a video chunk by chunk, appending each decoded chunk to `out` as it is made.
@@ -78,6 +81,8 @@ def stream_generate(
       forcing_overrides: `ForcingConfig` fields to replace (cache and budget experiments).
       transformer, vae: already-built models (skip loading).
       on_chunk: called after each chunk is written with (done, total, frames_written).
+      on_frames: called with each chunk's decoded frames (f, H, W, 3) as soon as they exist,
+        before they are written (a server shows them while the rest is generated).
       random_weights: run a part without weights on random initialisation (warns) instead of
         failing.
 
@@ -110,20 +115,8 @@ def stream_generate(
             patch=tuple(spec.config.patch_size),
             channels=vae.config.z_dim,
         )
-    t, h, w, c = geo.latent_shape(frames, height, width)
-    try:
-        num_chunks = forcing.num_chunks(t)
-    except ValueError as e:
-        del e
-        step = geo.temporal_stride * forcing.chunk_frames
-        ok = [step * n - (geo.temporal_stride - 1) for n in (1, 2, 3)]
-        raise ValueError(
-            f"--frames {frames} gives {t} latent frames, which chunks of {forcing.chunk_frames} "
-            f"do not divide: use {step}n - {geo.temporal_stride - 1} frames "
-            f"({', '.join(map(str, ok))}, ...)"
-        ) from None
-    _, ph, pw = spec.config.patch_size
-    forcing.layout((h // ph, w // pw))  # block size and budgets, before anything is loaded
+    _, h, w, c = geo.latent_shape(frames, height, width)
+    num_chunks = _num_chunks(spec, geo, forcing, frames, height, width)
     causal = transformer
     if causal is None:
         causal = load_causal(preset, attention, weights, random_weights=random_weights)
@@ -147,6 +140,8 @@ def stream_generate(
                     f"{num_chunks}: check the weights"
                 )
             pixels = decoder(x0)
+            if on_frames is not None:
+                on_frames(pixels[0])
             writer.write(pixels[0])
             seconds.append(time.perf_counter() - start)
             if on_chunk is not None:
@@ -158,3 +153,50 @@ def stream_generate(
         chunk_seconds=tuple(seconds),
         latents=np.concatenate(latents, axis=0),
     )
+
+
+def check(
+    model: str | CausalPreset,
+    *,
+    frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    attention: str = "sparse",
+    forcing_overrides: dict | None = None,
+) -> int:
+    """Validates a streamed generation's settings without loading anything (a server checks a
+    request before queueing it); returns the number of chunks.
+
+    Raises:
+      ValueError: the one-line reason `stream_generate` would give.
+    """
+    from vidax.pipeline import geometry
+
+    preset = get(model) if isinstance(model, str) else model
+    forcing = preset.forcing(attention)
+    if forcing_overrides:
+        forcing = dataclasses.replace(forcing, **forcing_overrides)
+    spec, d = preset.spec, preset.spec.defaults
+    frames = preset.num_frames if frames is None else frames
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    return _num_chunks(spec, geometry(spec), forcing, frames, height, width)
+
+
+def _num_chunks(spec, geo, forcing, frames: int, height: int, width: int) -> int:
+    """Chunks of a video; a ValueError for sizes, chunkings, budgets that cannot work."""
+    t, h, w, _ = geo.latent_shape(frames, height, width)
+    try:
+        num_chunks = forcing.num_chunks(t)
+    except ValueError as e:
+        del e
+        step = geo.temporal_stride * forcing.chunk_frames
+        ok = [step * n - (geo.temporal_stride - 1) for n in (1, 2, 3)]
+        raise ValueError(
+            f"--frames {frames} gives {t} latent frames, which chunks of {forcing.chunk_frames} "
+            f"do not divide: use {step}n - {geo.temporal_stride - 1} frames "
+            f"({', '.join(map(str, ok))}, ...)"
+        ) from None
+    _, ph, pw = spec.config.patch_size
+    forcing.layout((h // ph, w // pw))  # block size and budgets, before anything is loaded
+    return num_chunks

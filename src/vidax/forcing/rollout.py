@@ -143,15 +143,7 @@ class ChunkStepper:
         self.latent_hw = tuple(latent_hw)
         self.channels = channels
         graphdef, self._state = nnx.split(model)
-        cfg = layout.config
-
-        def step(state, cache, chunk, key, context):
-            m = nnx.merge(graphdef, state)
-            shape = (context.shape[0], cfg.chunk_frames, *self.latent_hw, channels)
-            noise = chunk_noise(jax.random.fold_in(key, chunk), shape, cfg.num_steps)
-            return sample_chunk(m, cache, chunk, noise, context, layout)
-
-        self._step = jax.jit(step, donate_argnums=(1,))
+        self._step = _compiled_step(graphdef, layout, self.latent_hw, channels)
 
     def init(self, batch: int) -> KVCache:
         return self.model.init_cache(self.layout, batch)
@@ -176,19 +168,7 @@ class StreamDecoder:
 
     def __init__(self, vae):
         graphdef, self._state = nnx.split(vae)
-
-        def first(state, z):
-            vae = nnx.merge(graphdef, state)
-            x, _ = vae.post_quant_conv(vae.denormalize(z))
-            return vae.decoder(x, None)
-
-        def later(state, z, cache):
-            vae = nnx.merge(graphdef, state)
-            x, _ = vae.post_quant_conv(vae.denormalize(z))
-            return vae.decoder(x, cache)
-
-        self._first = jax.jit(first)
-        self._later = jax.jit(later)
+        self._first, self._later = _compiled_decoder(graphdef)
         self._cache = None
 
     def __call__(self, z: Float[Array, "b t h w c"]) -> np.ndarray:
@@ -203,6 +183,36 @@ class StreamDecoder:
             out.append(np.asarray(y))
         pixels = np.concatenate(out, axis=1)
         return (np.clip(pixels, -1.0, 1.0) + 1.0) / 2.0
+
+
+# Compiled programs are cached on static values (the graph, the cache layout, the latent size), so
+# a new stepper or decoder for a model already seen (a server's next request) compiles nothing.
+@functools.lru_cache(maxsize=8)
+def _compiled_step(graphdef, layout: CacheLayout, latent_hw: tuple[int, int], channels: int):
+    cfg = layout.config
+
+    def step(state, cache, chunk, key, context):
+        m = nnx.merge(graphdef, state)
+        shape = (context.shape[0], cfg.chunk_frames, *latent_hw, channels)
+        noise = chunk_noise(jax.random.fold_in(key, chunk), shape, cfg.num_steps)
+        return sample_chunk(m, cache, chunk, noise, context, layout)
+
+    return jax.jit(step, donate_argnums=(1,))
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_decoder(graphdef):
+    def first(state, z):
+        vae = nnx.merge(graphdef, state)
+        x, _ = vae.post_quant_conv(vae.denormalize(z))
+        return vae.decoder(x, None)
+
+    def later(state, z, cache):
+        vae = nnx.merge(graphdef, state)
+        x, _ = vae.post_quant_conv(vae.denormalize(z))
+        return vae.decoder(x, cache)
+
+    return jax.jit(first), jax.jit(later)
 
 
 def stream(
