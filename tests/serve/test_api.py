@@ -111,10 +111,10 @@ def test_models_are_the_presets_whose_weights_ship(server):
 
 def test_dvg_says_what_it_chose(server):
     client = _client(server)
-    job_id = _submit(client, **{**TINY, "steps": 4}, accel="dvg", budget=0.5)
+    job_id = _submit(client, **{**TINY, "steps": 4}, accel="dvg", budget=0.8)
     video = _wait(client, job_id)
     assert video["status"] == "done", video
-    assert video["settings"]["accel"] == "dvg" and video["settings"]["budget"] == 0.5
+    assert video["settings"]["accel"] == "dvg" and video["settings"]["budget"] == 0.8
     (choice,) = video["choices"]
     assert choice["family"] in ("spatial", "temporal", "joint", "none")
     assert 0 < choice["cost"] <= 1 and "->" in choice["schedule"]

@@ -57,7 +57,7 @@ def _played_seconds(page) -> float:
     return page.evaluate("document.querySelector('#player').duration")
 
 
-def test_the_page_makes_plays_and_streams_videos(server, page):
+def test_the_page_makes_plays_and_streams_videos(page, server):
     page.goto(server.url)
     page.wait_for_selector("#model option[value='tiny-causal']", state="attached")
     assert page.input_value("#model") == "tiny"
