@@ -46,5 +46,15 @@ def register(app: typer.Typer) -> None:
         web = create_app(
             default_model=model, max_jobs=max_jobs, max_queue=max_queue, max_pixels=max_pixels
         )
+
+        class Server(uvicorn.Server):
+            async def shutdown(self, sockets=None) -> None:
+                # Event streams stay open while a job runs: end them, or Ctrl-C waits on them.
+                web.state.jobs.stop_following()
+                await super().shutdown(sockets)
+
         typer.echo(f"vidax serve: http://{host}:{port}/ (Ctrl-C stops)", err=True)
-        uvicorn.run(web, host=host, port=port, log_level="warning")
+        config = uvicorn.Config(
+            web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
+        )
+        Server(config).run()

@@ -135,6 +135,7 @@ class JobQueue:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
+        self._following = True
 
     def submit(self, request: VideoRequest) -> Job:
         """Queues `request` behind the jobs already waiting for its model."""
@@ -190,7 +191,7 @@ class JobQueue:
             job._watchers.add(notify)
         try:
             sent = max(0, start)
-            while True:
+            while self._following:
                 wake.clear()
                 new = job.events[sent:]  # append-only: a slice is a consistent prefix
                 for i, event in enumerate(new, start=sent):
@@ -211,8 +212,18 @@ class JobQueue:
             with job._lock:
                 job._watchers.discard(notify)
 
+    def stop_following(self) -> None:
+        """Ends every `follow` (a server shutting down closes its event streams at once)."""
+        self._following = False
+        for job in self.jobs():
+            with job._lock:
+                watchers = list(job._watchers)
+            for wake in watchers:
+                wake()
+
     def close(self) -> None:
         """Stops the workers after their current job and deletes a temporary workdir."""
+        self.stop_following()
         with self._lock:
             self._closed = True
             for q in self._queues.values():
