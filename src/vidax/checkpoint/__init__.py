@@ -1,5 +1,6 @@
-"""Checkpoint I/O: streaming safetensors reading and declarative key maps."""
+"""Checkpoint I/O: streaming safetensors reading, declarative key maps, atomic writes."""
 
+from vidax.checkpoint.atomic import write_atomic
 from vidax.checkpoint.keymap import LINEAR, Rule, export_state, linear_rules, load_state
 from vidax.checkpoint.model_io import load_model, save_model
 from vidax.checkpoint.safetensors import (
@@ -21,4 +22,5 @@ __all__ = [
     "open_checkpoint",
     "save_file",
     "save_model",
+    "write_atomic",
 ]

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
+from vidax.checkpoint import write_atomic
 from vidax.text import encode as _encode
 
 _FORMAT = 1  # bump when the stored layout or the embedding computation changes
@@ -145,11 +145,5 @@ class PromptCache:
         return value
 
     def _write(self, key: str, value: np.ndarray) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, np.ascontiguousarray(value, np.float32))
-            os.replace(tmp, self._path(key))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        value = np.ascontiguousarray(value, np.float32)
+        write_atomic(self._path(key), lambda tmp: np.save(tmp, value))
