@@ -246,8 +246,9 @@ def test_short_run_exports_loadable_weights(tmp_path):
 
 def test_data_parallel_dit_step_matches_single_device():
     from vidax.sharding import make_mesh
-    from vidax.train.loop import init_state, make_step, place_batch, replicate
+    from vidax.train.loop import make_step, place_batch, replicate
     from vidax.train.optim import OptimConfig, make_optimizer
+    from vidax.train.step import init_state
 
     config = DiTStageConfig(batch_size=8)
     model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))

@@ -8,8 +8,9 @@ from flax import nnx
 
 from vidax.sharding import make_mesh
 from vidax.train.checkpointing import Checkpointer
-from vidax.train.loop import LoopConfig, init_state, make_step, read_log, run
+from vidax.train.loop import LoopConfig, make_step, read_log, run
 from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state
 
 
 class _Regression:

@@ -41,8 +41,9 @@ from vidax.forcing.model import CausalWan, forward_chunk, forward_full, save
 from vidax.forcing.rollout import chunk_noise, write_clean
 from vidax.sampling import predict_x0, renoise, shift_sigmas
 from vidax.train.flow import SigmaSampler
-from vidax.train.loop import LoopConfig, init_state, run
-from vidax.train.optim import OptimConfig, ema_update, make_optimizer
+from vidax.train.loop import LoopConfig, make_step, run
+from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state
 
 KINDS = ("diffusion_forcing", "self_forcing")
 WEIGHTS_FILE = "weights.safetensors"
@@ -346,32 +347,6 @@ def _encode(vae, video):
 # -- the stage driver -----------------------------------------------------------------------------
 
 
-def make_train_step(loss_fn, optimizer, *, ema_decay: float, seed: int):
-    """A jitted `(state, batch) -> (state, metrics)` step whose state may carry a frozen
-    "teacher" entry (passed to `loss_fn(params, teacher, batch, key)`, never updated).
-
-    Mirrors `vidax.train.loop.make_step`, which has no place for frozen inputs.
-    """
-    import optax
-
-    def step(state, batch):
-        key = jax.random.fold_in(jax.random.key(seed), state["step"])
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state["params"], state.get("teacher"), batch, key
-        )
-        # optax's Adam bias correction raises a Python float to the int32 step count, which
-        # strict dtype promotion (the test setting) rejects; the promotion is intended there.
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt = optimizer.update(grads, state["opt"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        ema = ema_update(state["ema"], params, state["step"], ema_decay)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        new = {**state, "params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}
-        return new, metrics
-
-    return jax.jit(step, donate_argnums=0)
-
-
 def train_stage(
     run_dir: str | os.PathLike,
     config: StageConfig,
@@ -447,7 +422,7 @@ def train_stage(
             seed=config.seed,
         ),
         to_arrays=lambda b: {k: np.asarray(b[k]) for k in ("latents", "context") if k in b},
-        meta={"stage": _jsonable(config)},
+        meta={"stage": config},
         description=f"forcing {config.kind}",
         on_checkpoint=export,
     )
@@ -460,8 +435,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     optimizer = _optimizer(config)
     if config.kind == "diffusion_forcing":
 
-        def loss_fn(params, teacher, batch, key):
-            del teacher
+        def loss_fn(params, batch, key):
             m = nnx.merge(graphdef, params)
             return diffusion_forcing_loss(
                 m,
@@ -477,11 +451,11 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
         layout = config.forcing.layout(_grid(wan, config.latent_hw))
         teacher_layout = config.teacher_forcing.layout(_grid(wan, config.latent_hw))
 
-        def loss_fn(params, teacher, batch, key):
+        def loss_fn(params, batch, key):
             return self_forcing_loss(
                 graphdef,
                 params,
-                teacher,
+                batch["teacher"],
                 batch["context"],
                 key,
                 layout,
@@ -492,7 +466,13 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
                 channels=config.channels,
             )
 
-    step = make_train_step(loss_fn, optimizer, ema_decay=config.optim.ema_decay, seed=config.seed)
+    step = make_step(
+        loss_fn,
+        optimizer,
+        ema_decay=config.optim.ema_decay,
+        seed=config.seed,
+        frozen=("teacher",) if config.kind == "self_forcing" else (),
+    )
     return optimizer, step
 
 
@@ -522,18 +502,6 @@ def _optimizer(config: StageConfig):
 def _grid(wan, latent_hw) -> tuple[int, int]:
     _, ph, pw = wan.patch_size
     return latent_hw[0] // ph, latent_hw[1] // pw
-
-
-def _jsonable(config) -> Any:
-    if dataclasses.is_dataclass(config):
-        return {f.name: _jsonable(getattr(config, f.name)) for f in dataclasses.fields(config)}
-    if isinstance(config, tuple | list):
-        return [_jsonable(x) for x in config]
-    return config
-
-
-def write_json(path: str | os.PathLike, value: Any) -> None:
-    Path(path).write_text(json.dumps(_jsonable(value), indent=2) + "\n")
 
 
 # -- the shipped tiny-causal recipe ---------------------------------------------------------------
@@ -672,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
             train_stage(root / stage, config, weights("df"), teacher=weights("df"))
         timings[stage] = time.time() - start
         print(f"stage {stage}: {timings[stage] / 60:.1f} min", flush=True)
-    write_json(root / "timings.json", timings)
+    (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     if args.ship:
         out = ASSETS / "tiny-causal"
         out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ low-noise loss (objects cover a few percent of the frame, background texture the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -34,13 +35,15 @@ from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Array, Float
 
+from vidax.checkpoint import write_atomic
 from vidax.data import LoaderConfig, clip_at
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
-from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
+from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state
 from vidax.train.vae import (
     STATS_FILE,
     WEIGHTS_FILE,
@@ -223,14 +226,13 @@ def build_cache(
                     )
                 )
                 captions += [_caption(spec) for spec, _ in rows]
-            tmp = out.with_suffix(".tmp.npz")
-            np.savez(
-                tmp,
+            save = functools.partial(
+                np.savez,
                 latents=np.concatenate(latents),
                 masks=np.concatenate(masks),
                 captions=np.asarray(captions),
             )
-            os.replace(tmp, out)
+            write_atomic(out, save)
 
 
 def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.ndarray:
@@ -467,7 +469,7 @@ def train_dit(
         return dit_loss(nnx.merge(graphdef, params, rest), batch, key, config)
 
     step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
-    meta = {"stage": "dit", "vae": vae_id, "config": _jsonable(config)}
+    meta = {"stage": "dit", "vae": vae_id, "config": config}
     state = run(
         run_dir,
         init_state(params, optimizer),
@@ -490,7 +492,3 @@ def train_dit(
 
     save_model(ema, run_dir / TRANSFORMER_FILE, key_map(spec.config))
     return ema
-
-
-def _jsonable(config) -> dict[str, Any]:
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))

@@ -1,7 +1,7 @@
 """The training loop shared by every stage: resume, step, log, checkpoint, progress bar.
 
-A stage supplies a `TrainState` (parameters, optimiser state, EMA), a jitted `step_fn` and a
-resumable batch iterator; `run` does the rest:
+A stage supplies a train state (`vidax.train.step.init_state`: parameters, optimiser state,
+EMA), a jitted `step_fn` (`make_step`) and a resumable batch iterator; `run` does the rest:
 
     state = run(run_dir, state, step_fn, batches, LoopConfig(steps=1000), mesh=mesh)
 
@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,11 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax.train.checkpointing import Checkpointer
-from vidax.train.optim import ema_update
+from vidax.train.step import train_update
 
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -94,42 +93,28 @@ class LoopConfig:
             raise ValueError("checkpoint_every, log_every and keep must be >= 1")
 
 
-def init_state(params: nnx.State, optimizer: optax.GradientTransformation) -> dict[str, Any]:
-    """A fresh train state {"params", "opt", "ema", "step"} (the EMA starts at the params)."""
-    return {
-        "params": params,
-        "opt": optimizer.init(params),
-        "ema": jax.tree.map(jnp.copy, params),
-        "step": jnp.zeros((), jnp.int32),
-    }
-
-
 def make_step(
-    loss_fn: Callable[[nnx.State, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict]],
+    loss_fn: Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]],
     optimizer: optax.GradientTransformation,
     *,
     ema_decay: float,
     seed: int,
+    frozen: Sequence[str] = (),
 ) -> Callable:
-    """A jitted train step `(state, batch) -> (state, metrics)` with the state donated.
+    """The shared step (`vidax.train.step.train_update`) as `run` calls it: `(state, batch)
+    -> (state, metrics)`, jitted, the state donated, the key fold_in(key(seed), step).
 
     Args:
         loss_fn: (params, batch, key) -> (scalar loss, dict of scalar metrics).
         optimizer: the optax transformation whose state is `state["opt"]`.
         ema_decay: see `vidax.train.optim.ema_update`.
         seed: the step's key is fold_in(key(seed), step).
+        frozen: state entries handed to `loss_fn` in the batch (see `train_update`).
     """
+    update = train_update(loss_fn, optimizer, ema_decay=ema_decay, frozen=frozen)
 
     def step(state, batch):
-        key = jax.random.fold_in(jax.random.key(seed), state["step"])
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state["params"], batch, key
-        )
-        updates, opt = optimizer.update(grads, state["opt"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        ema = ema_update(state["ema"], params, state["step"], ema_decay)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        return {"params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}, metrics
+        return update(state, batch, jax.random.fold_in(jax.random.key(seed), state["step"]))
 
     return jax.jit(step, donate_argnums=0)
 
@@ -172,13 +157,15 @@ def run(
 
     Args:
         run_dir: where `checkpoints/` and `log.jsonl` live.
-        state: a fresh train state (`init_state`); replaced by the checkpoint when resuming.
+        state: a fresh train state (`vidax.train.step.init_state`); replaced by the
+            checkpoint when resuming.
         step_fn: `make_step(...)`.
         batches: resumable iterator; its position is saved with each checkpoint.
         config: steps and intervals.
         to_arrays: host batch -> dict of numpy arrays the step takes (drops captions, specs).
         mesh: data-parallel mesh: state replicated, batches split over ("data", "fsdp").
-        meta: JSON-serialisable run description stored with every checkpoint.
+        meta: run description stored with every checkpoint, as JSON: dataclasses (configs)
+            become their fields, values JSON has no type for their `str`.
         description: progress-bar label.
         on_checkpoint: called with (step, state) after each save (e.g. to export weights).
 
@@ -206,7 +193,7 @@ def run(
     if start >= config.steps:
         checkpointer.close()
         return state
-    meta = dict(meta or {})
+    meta = _jsonable(meta or {})
     progress = _progress(console, description, config.steps, start)
     last = time.perf_counter()
     done_since = 0
@@ -250,6 +237,17 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, float]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` as plain JSON values (dicts, lists, strings, numbers); see `run`'s `meta`."""
+
+    def default(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return dataclasses.asdict(x)
+        return str(x)
+
+    return json.loads(json.dumps(value, default=default))
 
 
 class _Log:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -42,6 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from vidax.checkpoint import write_atomic
 from vidax.data import scene_render
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
@@ -51,9 +53,16 @@ from vidax.text.encoder import WordEncoder
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.dit import DiTStageConfig, adaln_zero, dit_loss, latent_object_mask
 from vidax.train.flow import SigmaSampler
-from vidax.train.loop import init_state
-from vidax.train.optim import OptimConfig, ema_update, make_optimizer
-from vidax.train.vae import VAEStageConfig, build_vae, cpu_friendly_convs, moments, vae_loss
+from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state, train_update
+from vidax.train.vae import (
+    VAEStageConfig,
+    build_vae,
+    cpu_friendly_convs,
+    latent_stats,
+    moments,
+    vae_loss,
+)
 
 TRANSFORMER_FILE = "transformer.safetensors"
 TEXT_ENCODER_FILE = "text_encoder.safetensors"
@@ -327,36 +336,14 @@ def lr_at(step: int, total: int, settings: StageSettings) -> float:
     return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_train_step(
-    loss_fn: Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]],
-    optimizer: optax.GradientTransformation,
-    ema_decay: float,
-) -> Callable:
-    """`(state, frozen, key, lr) -> (state, metrics)`: AdamW at learning rate `lr` (the
-    optimizer is built at lr 1 and its update scaled, which for AdamW's decoupled decay is
-    the same as building it at `lr`), then the EMA."""
-
-    def step(state, frozen, key, lr):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state["params"], frozen, key
-        )
-        updates, opt = optimizer.update(grads, state["opt"], state["params"])
-        updates = jax.tree.map(lambda u: (lr * u).astype(u.dtype), updates)
-        params = optax.apply_updates(state["params"], updates)
-        ema = ema_update(state["ema"], params, state["step"], ema_decay)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        return {"params": params, "opt": opt, "ema": ema, "step": state["step"] + 1}, metrics
-
-    return step
-
-
 def compile_buckets(step_fns: Sequence[Callable], state, frozen, log) -> list[Callable]:
-    """Lowers every bucket's step in turn, then compiles them in parallel threads (XLA
-    compiles outside the GIL): compile time is the longest program's, not the sum."""
+    """Lowers every bucket's step (`train_update`: `(state, frozen, key, lr)`) in turn, then
+    compiles them in parallel threads (XLA compiles outside the GIL): compile time is the
+    longest program's, not the sum."""
     started = time.perf_counter()
     key = jax.random.key(0)
     lr = jnp.float32(0.0)
-    lowered = [jax.jit(f, donate_argnums=0).lower(state, frozen, key, lr) for f in step_fns]
+    lowered = [f.lower(state, frozen, key, lr) for f in step_fns]
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
         compiled = list(pool.map(lambda low: low.compile(), lowered))
     log(f"compiled {len(compiled)} programs in {time.perf_counter() - started:.1f}s")
@@ -464,6 +451,7 @@ def run_stage(
 
 
 def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
+    """AdamW at learning rate 1: each step scales its update by `lr_at` (`train_update`)."""
     return make_optimizer(
         OptimConfig(lr=1.0, warmup=0, weight_decay=settings.weight_decay, ema_decay=0.0)
     )
@@ -476,12 +464,6 @@ def _on_cpu() -> bool:
 def _convs():
     """3D convolutions as sums of 2D ones on CPU (see `cpu_friendly_convs`), native elsewhere."""
     return cpu_friendly_convs() if _on_cpu() else contextlib.nullcontext()
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_vae.WanVAE, dict]:
@@ -505,13 +487,13 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
             video = scene_render.render(scenes, bucket.frames, bucket.height, bucket.width)
             return vae_loss(nnx.merge(graphdef, params, rest), video, k_post, stage_config)
 
-        return make_train_step(loss_fn, optimizer, settings.ema_decay)
+        return train_update(loss_fn, optimizer, ema_decay=settings.ema_decay)
 
     state = init_state(params, optimizer)
 
     def save(state, step):
         model = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
-        _write_atomic(out / VAE_FILE, lambda p: wan_vae.save(model, p))
+        write_atomic(out / VAE_FILE, lambda p: wan_vae.save(model, p))
         log(f"vae: saved EMA weights at step {step}")
 
     with _convs():
@@ -530,42 +512,29 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
             write_log=write_log,
         )
         ema = nnx.merge(graphdef, state["ema"], rest)
-        mean, std = measure_latent_stats(ema, profile.stats_clips, seed=profile.seed + 1)
-    stats = {"mean": mean, "std": std}
+        stats = latent_stats(
+            ema, clips=profile.stats_clips, batch=64, draw=_rendered_clips(profile.seed + 1)
+        )
     (out / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
     log(f"vae: latent stats {stats}")
     config = dataclasses.replace(
-        wan_vae.PRESETS[spec.vae], latents_mean=tuple(mean), latents_std=tuple(std)
+        wan_vae.PRESETS[spec.vae],
+        latents_mean=tuple(stats["mean"]),
+        latents_std=tuple(stats["std"]),
     )
     normalised = wan_vae.WanVAE(config, rngs=nnx.Rngs(0))
     nnx.update(normalised, nnx.state(ema))
     return normalised, {**summary, "latent_stats": stats}
 
 
-def measure_latent_stats(
-    vae: wan_vae.WanVAE, clips: int, *, seed: int, batch: int = 64
-) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of the raw posterior means of `clips` fresh 33-frame 64x64
-    clips drawn on the device (rounded to 4 decimals: they are pasted into the VAE preset)."""
-    graphdef, state = nnx.split(vae)
-    batch = min(batch, clips)
+def _rendered_clips(seed: int) -> Callable[[int, int], jax.Array]:
+    """`latent_stats`'s `draw`: batch i of fresh 33-frame 64x64 clips rendered on the device."""
 
-    @jax.jit
-    def encode(state, key):
-        scenes = scene_render.sample_scenes(key, batch)
-        video = scene_render.render(scenes, 33, 64, 64)
-        mu = moments(nnx.merge(graphdef, state), video)[0].astype(jnp.float32)
-        mu = mu.reshape(-1, mu.shape[-1])
-        return mu.sum(0), jnp.square(mu).sum(0), jnp.float32(mu.shape[0])
+    @functools.partial(jax.jit, static_argnums=1)
+    def render(key, n):
+        return scene_render.render(scene_render.sample_scenes(key, n), 33, 64, 64)
 
-    total, squares, count = 0.0, 0.0, 0
-    for i in range(-(-clips // batch)):
-        s, q, n = encode(state, jax.random.fold_in(jax.random.key(seed), i))
-        total = total + np.asarray(s, np.float64)
-        squares, count = squares + np.asarray(q, np.float64), count + float(n)
-    mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
-    return [round(float(v), 4) for v in mean], [round(float(v), 4) for v in std]
+    return lambda i, n: render(jax.random.fold_in(jax.random.key(seed), i), n)
 
 
 def train_dit_stage(
@@ -626,7 +595,7 @@ def train_dit_stage(
             model = nnx.merge(dit_graph, params["dit"], dit_rest)
             return dit_loss(model, batch, k_loss, loss_config)
 
-        return make_train_step(loss_fn, optimizer, settings.ema_decay)
+        return train_update(loss_fn, optimizer, ema_decay=settings.ema_decay)
 
     state = init_state({"dit": dit_params, "text": text_params}, optimizer)
 
@@ -644,13 +613,13 @@ def train_dit_stage(
 
         dit_ema, text_ema = models(state)
         meta = {"step": str(step), "profile": profile.name}
-        _write_atomic(
+        write_atomic(
             out / TRANSFORMER_FILE,
             lambda p: save_model(
                 dit_ema, p, key_map(dit_config), dtype=jnp.bfloat16, metadata=meta
             ),
         )
-        _write_atomic(
+        write_atomic(
             out / TEXT_ENCODER_FILE,
             lambda p: word_encoder.save(text_ema, p, dtype=jnp.bfloat16, metadata=meta),
         )

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ from jaxtyping import Array, Float
 from vidax.data import ClipLoader, LoaderConfig, clip_at
 from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig
 from vidax.models.wan_vae import model as _vae_model
-from vidax.train.loop import LoopConfig, check_curriculum, init_state, make_step, run
+from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state
 
 STATS_FILE = "latent_stats.json"
 _INIT_LOGVAR = -8.0
@@ -326,7 +327,7 @@ def train_vae(
         return vae_loss(model, batch["video"], key, config)
 
     step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
-    meta = {"stage": "vae", "config": _jsonable(config)}
+    meta = {"stage": "vae", "config": config}
     with cpu_friendly_convs():
         state = run(
             run_dir,
@@ -355,20 +356,39 @@ def train_vae(
 
 
 def latent_stats(
-    vae: WanVAE, *, clips: int = 32, frames: int = 33, seed: int = 1, batch: int = 8
+    vae: WanVAE,
+    *,
+    clips: int = 32,
+    frames: int = 33,
+    seed: int = 1,
+    batch: int = 8,
+    draw: Callable[[int, int], Float[Array, "b T H W 3"]] | None = None,
 ) -> dict[str, list[float]]:
     """Per-channel mean and std of the raw posterior means over `clips` fresh clips.
 
     Values are rounded to 4 decimals: they are pasted into the VAE preset, and the diffusion
     stage must normalise with exactly the numbers the preset will hold.
+
+    Args:
+        vae: the VAE (raw, not normalised: its statistics are what is measured).
+        clips: how many clips.
+        frames, seed: clips 0 .. clips - 1 of the `vidax.data` stream `seed`, `frames` long.
+        batch: clips encoded per call.
+        draw: (i, n) -> the i-th batch of n clips in [-1, 1], drawn instead of the stream's
+            (the recipe renders them on the device; `frames` and `seed` are then unused).
     """
-    config = LoaderConfig(batch_size=1, num_frames=frames)
+    if draw is None:
+        config = LoaderConfig(batch_size=1, num_frames=frames)
+
+        def draw(i, n):
+            return np.stack([clip_at(config, seed, i * batch + j)[1] for j in range(n)])
+
     encode = nnx.jit(lambda v, x: moments(v, x)[0])
     mus = []
-    for start in range(0, clips, batch):
-        x = np.stack([clip_at(config, seed, i)[1] for i in range(start, min(clips, start + batch))])
-        mus.append(np.asarray(encode(vae, jnp.asarray(x)), np.float64))
-    mu = np.concatenate(mus).reshape(-1, vae.config.z_dim)
+    for i, start in enumerate(range(0, clips, batch)):
+        mu = encode(vae, jnp.asarray(draw(i, min(batch, clips - start))))
+        mus.append(np.asarray(mu, np.float64).reshape(-1, mu.shape[-1]))
+    mu = np.concatenate(mus)
     return {
         "mean": [round(float(v), 4) for v in mu.mean(0)],
         "std": [round(float(v), 4) for v in mu.std(0)],
@@ -379,7 +399,3 @@ def load_stats(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[float,
     """(mean, std) from a `latent_stats.json`."""
     stats = json.loads(Path(path).read_text())
     return tuple(stats["mean"]), tuple(stats["std"])
-
-
-def _jsonable(config) -> dict[str, Any]:
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
