@@ -415,12 +415,7 @@ def train_stage(
         state,
         step_fn,
         batches,
-        LoopConfig(
-            steps=config.steps,
-            checkpoint_every=config.checkpoint_every,
-            log_every=config.log_every,
-            seed=config.seed,
-        ),
+        LoopConfig.of(config),
         to_arrays=lambda b: {k: np.asarray(b[k]) for k in ("latents", "context") if k in b},
         meta={"stage": config},
         description=f"forcing {config.kind}",

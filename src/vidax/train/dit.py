@@ -475,12 +475,7 @@ def train_dit(
         init_state(params, optimizer),
         step,
         batches,
-        LoopConfig(
-            steps=config.steps,
-            checkpoint_every=config.checkpoint_every,
-            log_every=config.log_every,
-            seed=config.seed,
-        ),
+        LoopConfig.of(config),
         to_arrays=lambda b: {k: b[k] for k in ("latents", "objects", "context")},
         mesh=mesh,
         meta=meta,

@@ -92,6 +92,16 @@ class LoopConfig:
         if self.checkpoint_every < 1 or self.log_every < 1 or self.keep < 1:
             raise ValueError("checkpoint_every, log_every and keep must be >= 1")
 
+    @classmethod
+    def of(cls, stage: Any) -> LoopConfig:
+        """The loop of a stage config with `steps`, `checkpoint_every`, `log_every`, `seed`."""
+        return cls(
+            steps=stage.steps,
+            checkpoint_every=stage.checkpoint_every,
+            log_every=stage.log_every,
+            seed=stage.seed,
+        )
+
 
 def make_step(
     loss_fn: Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]],

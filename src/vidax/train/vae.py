@@ -334,12 +334,7 @@ def train_vae(
             init_state(params, optimizer),
             step,
             CroppedClips(config, mesh=mesh),
-            LoopConfig(
-                steps=config.steps,
-                checkpoint_every=config.checkpoint_every,
-                log_every=config.log_every,
-                seed=config.seed,
-            ),
+            LoopConfig.of(config),
             to_arrays=lambda b: {"video": b["video"]},
             mesh=mesh,
             meta=meta,
