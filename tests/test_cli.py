@@ -273,3 +273,38 @@ def test_generate_with_accel_says_what_dvg_chose(tmp_path):
     line = next(s for s in result.output.splitlines() if s.startswith("accel temporal: "))
     assert "chose temporal t/2 s/1 x" in line and " -> t/1 s/1 x" in line
     assert "of the full sampler's token-steps; denoising" in line
+
+
+def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "libtpu" else find_spec(name, *a),
+    )
+    result = runner.invoke(app, ["plan", "--topology", "v5e:2x2", "--model", "tiny"])
+    _one_error_line(result, "needs the `libtpu` package to create compile-only TPU devices")
+    assert "pip install 'vidax[tpu]'" in result.output
+
+
+def test_libtpu_start_up_lines_are_hidden_unless_verbose(tmp_path):
+    # With libtpu installed on a host without a TPU, jax's backend start-up prints libtpu's
+    # failed-initialisation lines ("E0000 ... INVALID_ARGUMENT ...") to the process's stderr.
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed: nothing to hide")
+    plan = ["plan", "--topology", "v5e:2x2", "--model", "tiny", "--out", str(tmp_path / "p.json")]
+    plan += ["--cache-dir", str(tmp_path / "cache")]
+    quiet = subprocess.run([sys.executable, "-m", "vidax", *plan], capture_output=True, text=True)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "INVALID_ARGUMENT" not in quiet.stderr and "TPU_WORKER_HOSTNAMES" not in quiet.stderr
+    assert "AoiZora plan" in quiet.stdout  # the command's own output is untouched
+    loud = subprocess.run(
+        [sys.executable, "-m", "vidax", "--verbose", *plan], capture_output=True, text=True
+    )
+    assert loud.returncode == 0 and "TPU_WORKER_HOSTNAMES" in loud.stderr

@@ -15,6 +15,7 @@ import typer
 
 from vidax.dvg.command import AccelOption, BudgetOption
 from vidax.dvg.command import generate_kwargs as dvg_options
+from vidax.errors import USER_ERRORS
 
 app = typer.Typer(
     name="vidax",
@@ -23,10 +24,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-# Errors a user can cause (bad flags, files, shapes, checkpoints: `CheckpointError` is a
-# ValueError): reported in one line, no traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, NotImplementedError)
 
 
 def user_errors(fn):
@@ -40,10 +37,19 @@ def user_errors(fn):
             try:
                 return fn(*args, **kwargs)
             except USER_ERRORS as e:
-                _stderr().print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+                _stderr().print(
+                    f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True
+                )
                 raise typer.Exit(2) from None
 
     return wrapper
+
+
+def escape(text: str) -> str:
+    """`text` shown as written: rich would read "[tpu]" in a message as markup and drop it."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _stderr():
@@ -56,7 +62,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     from vidax.pipeline import RandomWeightsWarning
 
     style = "bold red" if issubclass(category, RandomWeightsWarning) else "yellow"
-    _stderr().print(f"[{style}]warning:[/] {message}", highlight=False, soft_wrap=True)
+    _stderr().print(f"[{style}]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
 def _report_user_errors(typer_app: typer.Typer) -> None:
@@ -441,6 +447,7 @@ def _human(n: int) -> str:
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     compile_cache: Annotated[
         bool,
         typer.Option(
@@ -449,12 +456,21 @@ def _options(
             "$VIDAX_CACHE_DIR or ~/.cache/vidax/jax; VIDAX_COMPILE_CACHE=0 turns it off).",
         ),
     ] = True,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", help="Show the accelerator runtime's start-up log lines."),
+    ] = False,
 ) -> None:
     """Video diffusion in JAX: generation, progressive sampling, sparse forcing, sharding plans."""
     from vidax import compile_cache as cache
+    from vidax import runtime
 
-    if compile_cache and cache.enabled_by_environment():
+    runtime.set_verbose(verbose)
+    # The planner keeps its own cache of compiled candidates: jax's cannot reload executables
+    # compiled for a compile-only TPU topology (it warns on every hit).
+    if compile_cache and cache.enabled_by_environment() and ctx.invoked_subcommand != "plan":
         cache.enable()
+    runtime.start_backends()
 
 
 def _register_subcommands() -> None:

@@ -31,7 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vidax.errors import MissingExtraError
 from vidax.planner.hardware import Chip, get_chip
+from vidax.runtime import quiet_native_stderr
 
 # Slice shapes each generation offers ([docs] supported slice shapes; [maxtext] spec map).
 _2D_SHAPES = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
@@ -284,12 +286,13 @@ def load_topology(name: str) -> Topology:
 
     Raises:
         ValueError: for a bad topology string.
-        RuntimeError: when libtpu is missing or refuses the topology.
+        MissingExtraError: when libtpu is missing.
+        RuntimeError: when libtpu refuses the topology.
     """
     chip, dims = parse_topology(name)
     if importlib.util.find_spec("libtpu") is None:
-        raise RuntimeError(
-            f"load_topology({name!r}) needs the 'libtpu' package to create compile-only TPU "
+        raise MissingExtraError(
+            f"load_topology({name!r}) needs the `libtpu` package to create compile-only TPU "
             "devices: pip install 'vidax[tpu]' (or use synthetic_topology to plan without it)"
         )
     # Compile-only use never touches a TPU, so other processes holding libtpu (tests, another
@@ -300,7 +303,8 @@ def load_topology(name: str) -> Topology:
     libtpu_name = f"{chip.name}:{'x'.join(map(str, dims))}"
     kwargs = {"chip_config_name": "megacore"} if chip.megacore else {}
     try:
-        desc = topologies.get_topology_desc(libtpu_name, "tpu", **kwargs)
+        with quiet_native_stderr():  # libtpu's start-up lines, on a host without a TPU
+            desc = topologies.get_topology_desc(libtpu_name, "tpu", **kwargs)
     except Exception as e:  # libtpu raises JaxRuntimeError with an opaque status
         raise RuntimeError(f"libtpu could not build topology {libtpu_name!r}: {e}") from e
     return Topology(chip, dims, desc.devices, name=name)

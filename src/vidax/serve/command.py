@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from vidax.errors import require_extra
 from vidax.serve.requests import DEFAULT_MAX_PIXELS
 
 
@@ -32,15 +33,10 @@ def register(app: typer.Typer) -> None:
         ] = DEFAULT_MAX_PIXELS,
     ) -> None:
         """Serve a web page and an HTTP API that make videos and stream them as they are made."""
-        try:
-            import uvicorn
+        uvicorn = require_extra("uvicorn", extra="serve", purpose="vidax serve")
+        require_extra("starlette", extra="serve", purpose="vidax serve")
+        from vidax.serve.app import create_app
 
-            from vidax.serve.app import create_app
-        except ImportError as e:
-            raise ValueError(
-                f"vidax serve needs the serve extra ({e.name} is missing): "
-                "pip install -e '.[serve]'"
-            ) from None
         if not 0 < port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {port}")
         web = create_app(

@@ -32,13 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from vidax.errors import USER_ERRORS
 from vidax.serve.requests import VideoRequest
 
 log = logging.getLogger("vidax.serve")
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
-# Errors a request can cause (as the CLI's `USER_ERRORS`): reported by their message alone.
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, NotImplementedError)
 
 
 class QueueFull(Exception):

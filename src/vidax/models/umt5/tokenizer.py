@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vidax.errors import require_extra
+
 _FILES = ("tokenizer.json", "spiece.model")
-_INSTALL = "install the optional text extra: pip install 'vidax[text]'"
 
 
 class Tokenizer:
@@ -110,10 +111,7 @@ def _resolve(path: Path) -> Path:
 
 class _TokenizersBackend:
     def __init__(self, path: Path):
-        try:
-            import tokenizers
-        except ImportError as e:
-            raise ImportError(f"reading {path} needs the `tokenizers` package; {_INSTALL}") from e
+        tokenizers = require_extra("tokenizers", extra="text", purpose=f"reading {path}")
         try:
             self._tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises a bare Exception for malformed files
@@ -136,12 +134,7 @@ class _TokenizersBackend:
 
 class _SentencePieceBackend:
     def __init__(self, path: Path):
-        try:
-            import sentencepiece
-        except ImportError as e:
-            raise ImportError(
-                f"reading {path} needs the `sentencepiece` package; {_INSTALL}"
-            ) from e
+        sentencepiece = require_extra("sentencepiece", extra="text", purpose=f"reading {path}")
         self._processor = sentencepiece.SentencePieceProcessor()
         try:
             self._processor.Load(str(path))
