@@ -36,6 +36,7 @@ from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.models.wan import WanConfig, WanTransformer
 from vidax.models.wan import key_map as wan_key_map
 from vidax.nn import video_positions
+from vidax.nn.scan import scan_layers
 
 
 class CausalWan(nnx.Module):
@@ -123,35 +124,31 @@ def forward_chunk(
         raise ValueError(f"chunk token grid {grid[1:]} does not match the layout {layout.grid_hw}")
     cond = tr.condition(timestep, context)
     rope = make_rope(tr.config.rope_axes_dims, tr.config.rope_theta)
-    graphdef, blocks = nnx.split(tr.blocks)
-    sparse_def, sparse = nnx.split(model.sparse)
 
-    def body(carry, xs):
+    def step(layers, carry, i):
+        block, params = layers
         h, cache = carry
-        block_state, sparse_state, i = xs
-        block = nnx.merge(graphdef, block_state)
-        params = nnx.merge(sparse_def, sparse_state)
         layer = cache.layer(i)
-        seen = {}
 
         def attend(q, k, v):
             if cfg.sparse:
                 o, mass = sparse_attention(q, k, v, layer, start, layout, rope, params)
             else:
                 o, mass = dense_attention(q, k, v, layer, start, layout, rope)
-            seen.update(k=k, v=v, mass=mass)
-            return o
+            return o, (k, v, mass)
 
-        h = block(h, cond, None, self_attention=attend)
+        h, (k, v, mass) = block.call_with_aux(h, cond, None, attend)
         if write:
-            new = write_chunk(layer, seen["k"], seen["v"], chunk, layout, mass=seen["mass"])
-            cache = cache.set_layer(i, new)
-        return (h, cache), None
+            cache = cache.set_layer(i, write_chunk(layer, k, v, chunk, layout, mass=mass))
+        return h, cache
 
-    if tr.config.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
-    layers = jnp.arange(tr.config.num_layers)
-    (tokens, cache), _ = jax.lax.scan(body, (tokens, cache), (blocks, sparse, layers))
+    tokens, cache = scan_layers(
+        (tr.blocks, model.sparse),
+        (tokens, cache),
+        step,
+        xs=jnp.arange(tr.config.num_layers),
+        remat=tr.config.remat,
+    )
     if write:
         return None, cache
     return tr.unembed(tokens, cond, grid), cache

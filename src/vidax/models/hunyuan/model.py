@@ -33,7 +33,8 @@ from jaxtyping import Array, Bool, Float
 from vidax.models.hunyuan.config import HunyuanVideoConfig
 from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
 from vidax.nn.embeddings import timestep_embedding
-from vidax.nn.layers import FeedForward, layer_norm, modulate
+from vidax.nn.layers import FeedForward, gelu_tanh, layer_norm, modulate
+from vidax.nn.scan import scan_layers, stack_layers
 from vidax.sharding import shard
 
 # (q, k, v) each (b, l+s, n, k) over [video; text] tokens, key_mask (b, l+s) bool -> (b, l+s, n, k).
@@ -64,34 +65,6 @@ jax.tree_util.register_dataclass(
 
 
 # -- building blocks ---------------------------------------------------------------------------
-
-
-def _gelu_tanh(x: jax.Array) -> jax.Array:
-    return jax.nn.gelu(x, approximate=True)
-
-
-def _stack_layers(num_layers: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
-    """`num_layers` independently initialised copies of `make(rngs)`, stacked on a "layers" axis."""
-
-    @nnx.split_rngs(splits=num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def build(rngs: nnx.Rngs) -> nnx.Module:
-        return make(rngs)
-
-    return build(rngs)
-
-
-def _scan_layers(stack: nnx.Module, carry, step: Callable, *, remat: bool = False):
-    """Runs `carry = step(layer, carry)` over a stacked module under one `lax.scan`."""
-    graphdef, state = nnx.split(stack)
-
-    def body(carry, layer_state):
-        return step(nnx.merge(graphdef, layer_state), carry), None
-
-    if remat:
-        body = jax.checkpoint(body, prevent_cse=False)
-    carry, _ = jax.lax.scan(body, carry, state)
-    return carry
 
 
 def _heads(x: Float[Array, "b l d"], num_heads: int) -> Float[Array, "b l n k"]:
@@ -214,8 +187,8 @@ class DualStreamBlock(nnx.Module):
         self.modulation = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.modulation_context = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.attn = DualAttention(dim, num_heads, eps=eps, **kw)
-        self.ff = FeedForward(dim, mlp_dim, activation=_gelu_tanh, **kw)
-        self.ff_context = FeedForward(dim, mlp_dim, activation=_gelu_tanh, **kw)
+        self.ff = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
+        self.ff_context = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
         self.eps = eps
         self.attention_impl = attention_impl
 
@@ -302,7 +275,7 @@ class SingleStreamBlock(nnx.Module):
     ) -> Float[Array, "b l+s d"]:
         shift, scale, gate = _chunks(self.modulation(jax.nn.silu(temb)), 3)
         h = modulate(layer_norm(x, self.eps), shift, scale).astype(x.dtype)
-        mlp = _gelu_tanh(self.proj_mlp(h))
+        mlp = gelu_tanh(self.proj_mlp(h))
         n = self.num_heads
         q = _rope_prefix(self.norm_q(_heads(self.to_q(h), n)), angles, num_video)
         k = _rope_prefix(self.norm_k(_heads(self.to_k(h), n)), angles, num_video)
@@ -378,7 +351,7 @@ class TokenRefiner(nnx.Module):
         self.time_embedder = MLPEmbedder(freq_dim, dim, in_axis="freq", **f32)
         self.pooled_embedder = MLPEmbedder(text_dim, dim, in_axis="text_embed", **f32)
         self.proj_in = Linear(text_dim, dim, axes=("text_embed", "embed"), **kw)
-        self.blocks = _stack_layers(
+        self.blocks = stack_layers(
             num_layers,
             lambda r: RefinerBlock(
                 dim,
@@ -414,7 +387,7 @@ class TokenRefiner(nnx.Module):
         temb = temb + self.pooled_embedder(pooled)
         x = shard(self.proj_in(text), _TEXT)
         key_mask = mask if key_mask is None else key_mask
-        return _scan_layers(
+        return scan_layers(
             self.blocks, x, lambda block, x: block(x, temb, key_mask), remat=self.remat
         )
 
@@ -430,7 +403,7 @@ class DualStreamDiT(nnx.Module):
         c = self.config = config
         kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.x_embedder = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
-        self.double_blocks = _stack_layers(
+        self.double_blocks = stack_layers(
             c.num_layers,
             lambda r: DualStreamBlock(
                 c.dim,
@@ -517,7 +490,7 @@ class DualStreamDiT(nnx.Module):
             x, context = carry
             return block(x, context, cond.temb, angles, key_mask, attention_fn=attention_fn)
 
-        return _scan_layers(self.double_blocks, (tokens, cond.text), step, remat=self.config.remat)
+        return scan_layers(self.double_blocks, (tokens, cond.text), step, remat=self.config.remat)
 
     def unembed(
         self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
@@ -572,7 +545,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
         )
         self.pooled_embedder = MLPEmbedder(c.pooled_dim, c.dim, in_axis="text_embed", **f32)
         self.refiner = self._refiner(rngs)
-        self.single_blocks = _stack_layers(
+        self.single_blocks = stack_layers(
             c.num_single_layers,
             lambda r: SingleStreamBlock(
                 c.dim,
@@ -650,7 +623,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
                 x, cond.temb, angles, key_mask, num_video=num_video, attention_fn=attention_fn
             )
 
-        x = _scan_layers(self.single_blocks, x, step, remat=self.config.remat)
+        x = scan_layers(self.single_blocks, x, step, remat=self.config.remat)
         return x[:, :num_video], x[:, num_video:]
 
     def run_blocks(

@@ -23,6 +23,7 @@ from jaxtyping import Array, Bool, Float, Int
 from vidax.models.umt5.config import UMT5Config
 from vidax.nn import Linear, RMSNorm
 from vidax.nn.layers import param
+from vidax.nn.scan import scan_layers, stack_layers
 from vidax.sharding import shard
 
 
@@ -180,12 +181,7 @@ class UMT5Encoder(nnx.Module):
         table = jax.random.normal(rngs.params(), (c.vocab_size, c.d_model), jnp.float32)
         self.embed_tokens = param(table.astype(c.storage_dtype), ("vocab", "embed"))
 
-        @nnx.split_rngs(splits=c.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make_blocks(rngs: nnx.Rngs) -> UMT5Block:
-            return UMT5Block(c, rngs=rngs)
-
-        self.blocks = make_blocks(rngs)
+        self.blocks = stack_layers(c.num_layers, lambda rngs: UMT5Block(c, rngs=rngs), rngs)
         self.final_norm = RMSNorm(c.d_model, eps=c.eps, param_dtype=c.storage_dtype)
 
     def __call__(
@@ -218,10 +214,5 @@ class UMT5Encoder(nnx.Module):
         )
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(jnp.float32)
         x = shard(x, ("batch", "text_tokens", "embed"))
-        graphdef, state = nnx.split(self.blocks)
-
-        def body(x, layer_state):
-            return nnx.merge(graphdef, layer_state)(x, buckets, mask), None
-
-        x, _ = jax.lax.scan(body, x, state)
+        x = scan_layers(self.blocks, x, lambda block, x: block(x, buckets, mask))
         return self.final_norm(x)

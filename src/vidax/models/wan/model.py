@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,14 @@ from vidax.models.wan.config import WanConfig
 from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
 from vidax.nn.embeddings import timestep_embedding
 from vidax.nn.layers import FeedForward, gelu_tanh, layer_norm, modulate, param
+from vidax.nn.scan import scan_layers, stack_layers
 from vidax.sharding import shard
 
-# (q, k, v) each (b, l, n, k) -> (b, l, n, k). Replaces plain self-attention, e.g. with a KV cache.
+# (q, k, v) each (b, l, n, k) -> (b, l, n, k). Replaces plain self-attention, e.g. with a mask.
 SelfAttentionFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+# (q, k, v) -> ((b, l, n, k), aux): a self-attention that also returns values of its own (a KV
+# cache attention: the keys, values and attention mass it saw), which the block hands back.
+AuxAttentionFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +122,31 @@ class WanBlock(nnx.Module):
         *,
         self_attention: SelfAttentionFn | None = None,
     ) -> Float[Array, "b l d"]:
+        """The block; `self_attention` replaces the self-attention core (default `attention`)."""
+        attend = self_attention or (lambda q, k, v: attention(q, k, v, impl=self.attention_impl))
+        x, _ = self.call_with_aux(x, cond, angles, lambda q, k, v: (attend(q, k, v), None))
+        return x
+
+    def call_with_aux(
+        self,
+        x: Float[Array, "b l d"],
+        cond: Conditioning,
+        angles: Float[Array, "l k/2"] | None,
+        self_attention: AuxAttentionFn,
+    ) -> tuple[Float[Array, "b l d"], Any]:
+        """The block with a self-attention core that returns `(o, aux)`; returns `(x, aux)`.
+
+        `aux` is whatever the core returned beside its output, e.g. the keys and values a KV
+        cache attention saw, which its caller writes into the cache.
+        """
         m = self.scale_shift_table[...].astype(jnp.float32) + cond.mod  # (b, 1|l, 6, d)
         shift, scale, gate, c_shift, c_scale, c_gate = (m[:, :, i] for i in range(6))
         dtype = x.dtype
 
         h = modulate(layer_norm(x, self.eps), shift, scale).astype(dtype)
         q, k, v = self.attn1.qkv(h, angles=angles)
-        attend = self_attention or (lambda q, k, v: attention(q, k, v, impl=self.attention_impl))
-        attn = self.attn1.out(attend(q, k, v)).astype(jnp.float32)
+        o, aux = self_attention(q, k, v)
+        attn = self.attn1.out(o).astype(jnp.float32)
         x = (x.astype(jnp.float32) + attn * gate).astype(dtype)
 
         h = x if self.norm2 is None else self.norm2(x)
@@ -133,7 +155,7 @@ class WanBlock(nnx.Module):
 
         h = modulate(layer_norm(x, self.eps), c_shift, c_scale).astype(dtype)
         x = (x.astype(jnp.float32) + self.ffn(h).astype(jnp.float32) * c_gate).astype(dtype)
-        return shard(x, ("batch", "tokens", "embed"))
+        return shard(x, ("batch", "tokens", "embed")), aux
 
 
 class _MLP(nnx.Module):
@@ -178,12 +200,7 @@ class WanTransformer(nnx.Module):
             **kw,
         )
 
-        @nnx.split_rngs(splits=c.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make_blocks(rngs: nnx.Rngs) -> WanBlock:
-            return WanBlock(c, rngs=rngs)
-
-        self.blocks = make_blocks(rngs)
+        self.blocks = stack_layers(c.num_layers, lambda rngs: WanBlock(c, rngs=rngs), rngs)
         self.proj_out = Linear(
             c.dim, c.patch_features // c.in_channels * c.out_channels, axes=("embed", "patch"), **kw
         )
@@ -244,16 +261,12 @@ class WanTransformer(nnx.Module):
         self_attention: SelfAttentionFn | None = None,
     ) -> Float[Array, "b l d"]:
         """All blocks under one `lax.scan` over the stacked parameters."""
-        graphdef, state = nnx.split(self.blocks)
-
-        def body(x, layer_state):
-            block = nnx.merge(graphdef, layer_state)
-            return block(x, cond, angles, self_attention=self_attention), None
-
-        if self.config.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
-        tokens, _ = jax.lax.scan(body, tokens, state)
-        return tokens
+        return scan_layers(
+            self.blocks,
+            tokens,
+            lambda block, x: block(x, cond, angles, self_attention=self_attention),
+            remat=self.config.remat,
+        )
 
     def unembed(
         self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
