@@ -6,13 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from vidax.nn.attention import (
-    attend_blocks,
-    attention,
-    attention_chunked,
-    attention_reference,
-    merge_partials,
-)
+from vidax.nn.attention import attention, attention_chunked, attention_reference
 from vidax.nn.ring_attention import _splash_block, ring_attention
 from vidax.sharding.rules import compose_strategy, use_mesh
 
@@ -33,23 +27,6 @@ def test_chunked_equals_reference(block):
         want = attention_reference(q, k, v, mask=m, scale=0.25)
         got = attention_chunked(q, k, v, mask=m, scale=0.25, block=block)
         np.testing.assert_allclose(got, want, atol=2e-6)
-
-
-def test_partials_over_disjoint_keys_merge_exactly():
-    q, k, v = _qkv(s=40)
-    want = attention_reference(q, k, v, scale=0.25)
-    left = attend_blocks(q, k[:, :24], v[:, :24], scale=0.25, block=8)
-    # The right half is padded to 24 keys, of which 16 count.
-    pad = ((0, 0), (0, 8), (0, 0), (0, 0))
-    right = attend_blocks(q, jnp.pad(k[:, 24:], pad), jnp.pad(v[:, 24:], pad), scale=0.25, valid=16)
-    out, lse = merge_partials(left, right)
-    np.testing.assert_allclose(out, want, atol=2e-6)
-    logits = jnp.einsum("blnk,bsnk->bnls", q, k) * 0.25
-    np.testing.assert_allclose(lse, jax.nn.logsumexp(logits, axis=-1), atol=1e-5)
-    # A partial over no valid key contributes nothing.
-    empty = attend_blocks(q, k[:, :8], v[:, :8], scale=0.25, valid=0)
-    assert bool(jnp.all(jnp.isneginf(empty[1])))
-    np.testing.assert_allclose(merge_partials(left, empty)[0], left[0], atol=1e-7)
 
 
 @pytest.mark.parametrize(

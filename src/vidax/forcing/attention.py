@@ -40,6 +40,7 @@ from vidax.forcing.config import CacheLayout
 from vidax.kernels.pbsa import block_means, pbsa
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.layers import param
+from vidax.nn.softmax import normalize, softmax_stats
 
 _EMPTY = -1e30  # compressed score of an empty slot
 
@@ -120,15 +121,9 @@ def _attend_pool(q, pool_k, pool_v, valid, scale):
     keys = pool_k.astype(f32).reshape(b, n, s * j, k)
     logits = qh @ keys.swapaxes(-1, -2)  # (b, n, l, s * j)
     ok = jnp.repeat(valid, j, axis=-1)[:, :, None, :]
-    logits = jnp.where(ok, logits, -jnp.inf)
-    m = logits.max(axis=-1, keepdims=True)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(logits - m_safe)
-    total = p.sum(axis=-1, keepdims=True)
-    safe = jnp.where(total > 0, total, 1.0)
-    o = (p @ pool_v.astype(f32).reshape(b, n, s * j, k)) / safe  # (b, n, l, k)
-    lse = jnp.where(total > 0, m_safe + jnp.log(safe), -jnp.inf)[..., 0]
-    return o.swapaxes(1, 2), lse
+    p, shift, total = softmax_stats(jnp.where(ok, logits, -jnp.inf))
+    o, lse = normalize(p @ pool_v.astype(f32).reshape(b, n, s * j, k), shift, total)
+    return o.swapaxes(1, 2), lse  # (b, l, n, k), (b, n, l)
 
 
 def dense_attention(
@@ -228,10 +223,8 @@ def gather_attention(
     qh = q.astype(f32).swapaxes(1, 2).reshape(b, n, nq, tile, k) * scale
     logits = qh @ keys.swapaxes(-1, -2)  # (b, n, nq, tile, m * bs)
     logits = jnp.where(jnp.repeat(ok, bs, axis=-1)[..., None, :], logits, -jnp.inf)
-    mx = logits.max(axis=-1, keepdims=True)
-    p = jnp.exp(logits - jnp.where(jnp.isfinite(mx), mx, 0.0))
-    total = p.sum(axis=-1, keepdims=True)
-    o = (p @ values) / jnp.where(total > 0, total, 1.0)
+    p, shift, total = softmax_stats(logits)
+    o, _ = normalize(p @ values, shift, total)
     return o.reshape(b, n, lq, k).swapaxes(1, 2)
 
 

@@ -29,13 +29,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from vidax.nn.ring_attention import ring_attention, splash_attention
+from vidax.nn.softmax import KEY_BLOCK, attend_blocks
+from vidax.sharding.rules import current, logical_to_spec
+
 IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn", "chunked", "splash", "ring")
 
 # "auto" switches to "chunked" above this many logits (b*n*l*s): 2^28 float32 logits are 1 GiB.
 CHUNKED_ABOVE = 1 << 28
-# Keys per step of the chunked path: big enough for wide matmuls, small enough that one
-# block's logits stay a fraction of the full matrix.
-KEY_BLOCK = 1024
 
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _log = logging.getLogger(__name__)
@@ -78,11 +79,9 @@ def attention(
     if impl in ("ring", "splash"):
         if mask is not None:
             raise ValueError(f"attention impl {impl!r} does not take a mask")
-        from vidax.nn import ring_attention
-
         if impl == "ring":
-            return ring_attention.ring_attention(q, k, v, scale=scale)
-        return ring_attention.splash_attention(q, k, v, scale=scale)
+            return ring_attention(q, k, v, scale=scale)
+        return splash_attention(q, k, v, scale=scale)
     # jax.nn.dot_product_attention promotes bf16 against float32 internally, which strict
     # promotion (our test setting) rejects; the promotion is intended there.
     with jax.numpy_dtype_promotion("standard"):
@@ -176,8 +175,6 @@ def _device(mesh=None) -> tuple[str, tuple[int, int] | None]:
 
 
 def _auto_impl(q, k, v, mask) -> str:
-    from vidax.sharding.rules import current
-
     active = current()
     mesh = None
     if active is not None:
@@ -205,8 +202,6 @@ def _auto_impl(q, k, v, mask) -> str:
 
 def _tokens_sharded(q, k, mesh, strategy) -> bool:
     """Whether the strategy splits q or k/v over tokens, or lays them out differently."""
-    from vidax.sharding.rules import logical_to_spec
-
     q_axes = ("batch", "attn_tokens", "attn_heads", "head_dim")
     kv_axes = ("batch", "kv_tokens" if q.shape[1] == k.shape[1] else "text_tokens", *q_axes[2:])
     rules, pad = strategy.activations, strategy.pad
@@ -229,102 +224,3 @@ def attention_chunked(q, k, v, *, mask=None, scale: float, block: int = KEY_BLOC
     out, lse = attend_blocks(q, k, v, scale=scale, mask=mask, block=block)
     del lse
     return out.astype(q.dtype)
-
-
-def attend_blocks(
-    q: Float[Array, "b l n k"],
-    k: Float[Array, "b s n k"],
-    v: Float[Array, "b s n k"],
-    *,
-    scale: float,
-    mask: Bool[Array, "b n l s"] | None = None,
-    valid: jax.Array | int | None = None,
-    block: int = KEY_BLOCK,
-) -> tuple[Float[Array, "b l n k"], Float[Array, "b n l"]]:
-    """Attention of q over k/v block by block: (normalised float32 output, log-sum-exp).
-
-    Args:
-        q, k, v: queries and keys/values.
-        scale: logit scale.
-        mask: True where a query may attend (optional).
-        valid: only the first `valid` keys count (a traced scalar is fine); the rest are
-            padding.
-        block: keys per step.
-
-    Returns:
-        The float32 output and the float32 log-sum-exp of each query's logits (`-inf` where no
-        key counts), so that results over disjoint key sets merge exactly (`merge_partials`).
-    """
-    b, length, n, _ = q.shape
-    s = k.shape[1]
-    block = min(block, s)
-    num = -(-s // block)
-    pad = num * block - s
-    if pad:
-        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        if mask is not None:
-            mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
-    limit = s if valid is None else jnp.minimum(valid, s)
-    # bf16/fp16 operands run the matmuls at the low-precision rate with float32 accumulation
-    # (as flash attention does), scaling the float32 logits rather than rounding q * scale;
-    # other inputs are computed in float32 throughout.
-    low = _common_dtype(q, k, v) in _LOW_PRECISION
-    dot_dtype = q.dtype if low else jnp.float32
-    qf = q if low else q.astype(jnp.float32) * scale
-    kb = k.reshape(b, num, block, n, -1).swapaxes(0, 1)
-    vb = v.reshape(b, num, block, n, -1).swapaxes(0, 1)
-    mb = None if mask is None else mask.reshape(b, n, length, num, block).transpose(3, 0, 1, 2, 4)
-
-    def step(carry, xs):
-        acc, m, total = carry
-        i, kc, vc, mc = xs
-        logits = jnp.einsum(
-            "blnk,bsnk->bnls", qf, kc.astype(dot_dtype), preferred_element_type=jnp.float32
-        )
-        if low:
-            logits = logits * scale
-        keep = (i * block + jnp.arange(block) < limit)[None, None, None, :]
-        if mc is not None:
-            keep = keep & mc
-        logits = jnp.where(keep, logits, -jnp.inf)
-        m_new = jnp.maximum(m, logits.max(axis=-1))
-        # Rows that have seen no key yet keep m = -inf; shift by 0 there to avoid inf - inf.
-        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.exp(logits - shift[..., None])
-        corr = jnp.exp(jnp.where(jnp.isfinite(m), m - shift, -jnp.inf))
-        total = total * corr + p.sum(axis=-1)
-        acc = acc * corr.transpose(0, 2, 1)[..., None] + jnp.einsum(
-            "bnls,bsnk->blnk",
-            p.astype(dot_dtype),
-            vc.astype(dot_dtype),
-            preferred_element_type=jnp.float32,
-        )
-        return (acc, m_new, total), None
-
-    init = (
-        jnp.zeros((b, length, n, v.shape[-1]), jnp.float32),
-        jnp.full((b, n, length), -jnp.inf, jnp.float32),
-        jnp.zeros((b, n, length), jnp.float32),
-    )
-    xs = (jnp.arange(num), kb, vb, mb)
-    if num == 1:
-        (acc, m, total), _ = step(init, jax.tree.map(lambda x: x[0], xs))
-    else:
-        (acc, m, total), _ = jax.lax.scan(step, init, xs)
-    safe = jnp.where(total > 0, total, 1.0)
-    out = acc / safe.transpose(0, 2, 1)[..., None]
-    lse = jnp.where(total > 0, m + jnp.log(safe), -jnp.inf)
-    return out, lse
-
-
-def merge_partials(
-    a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array]:
-    """Merges two normalised (output (b,l,n,k), lse (b,n,l)) results over disjoint key sets."""
-    (oa, la), (ob, lb) = a, b
-    lse = jnp.logaddexp(la, lb)
-    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    wa = jnp.exp(la - safe).transpose(0, 2, 1)[..., None]
-    wb = jnp.exp(lb - safe).transpose(0, 2, 1)[..., None]
-    return oa * wa + ob * wb, lse

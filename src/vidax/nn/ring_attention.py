@@ -13,18 +13,21 @@ Tokens that do not divide by `seq` are padded and the padded keys masked.
 
 On TPU meshes the per-device block is jax's Pallas splash-attention kernel (`splash_attention`
 uses it alone for the non-ring layouts); elsewhere it is the online-softmax jnp block of
-`vidax.nn.attention.attend_blocks`.
+`vidax.nn.softmax.attend_blocks`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from vidax.nn.attention import attend_blocks, merge_partials
+from vidax.nn.softmax import attend_blocks, merge_partials
+from vidax.sharding.rules import current, logical_to_spec
 
 Q_AXES = ("batch", "attn_tokens", "attn_heads", "head_dim")
 # Splash tiles: sequence lengths are padded to a multiple of LANE (of the largest block when
@@ -34,8 +37,6 @@ _SPLASH_BLOCKS = (512, 256, 128)
 
 
 def _active(what: str):
-    from vidax.sharding.rules import current
-
     active = current()
     if active is None:
         raise ValueError(f"{what} needs an active mesh: call it inside vidax.sharding.use_mesh")
@@ -43,8 +44,6 @@ def _active(what: str):
 
 
 def _specs(mesh, strategy, q_shape, k_shape, *, self_attention: bool):
-    from vidax.sharding.rules import logical_to_spec
-
     kv_axes = ("batch", "kv_tokens" if self_attention else "text_tokens", *Q_AXES[2:])
     # Specs for shard_map must divide exactly: callers pad tokens first.
     q_spec = logical_to_spec(Q_AXES, strategy.activations, mesh, q_shape)
@@ -115,10 +114,6 @@ def splash_attention(q, k, v, *, scale: float):
     not divide by their shards are padded (and the padded rows dropped), so no device computes
     another device's rows.
     """
-    from jax.sharding import PartitionSpec as P
-
-    from vidax.sharding.rules import logical_to_spec
-
     mesh, strategy = _active("splash attention")
     length = q.shape[1]
     token_axes = logical_to_spec(Q_AXES, strategy.activations, mesh, q.shape, pad=("attn_tokens",))[
@@ -152,8 +147,6 @@ def _size(mesh, axes) -> int:
 
 
 def _with_rules(strategy, activations):
-    import dataclasses
-
     return dataclasses.replace(strategy, activations=activations)
 
 
@@ -179,6 +172,7 @@ def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: b
 
     Returns (float32-or-q-dtype output (b, l, n, k), log-sum-exp (b, n, l) or None).
     """
+    # Imported here, not at the top: only TPU meshes (and interpret-mode tests) run the kernel.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 

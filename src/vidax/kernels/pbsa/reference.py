@@ -17,6 +17,7 @@ from vidax.kernels.pbsa.index import (
     check_inputs,
     full_slot_len,
 )
+from vidax.nn.softmax import normalize, softmax_stats
 
 
 def pbsa_reference(
@@ -82,15 +83,9 @@ def _attend(q, pool_k, pool_v, idx, cnt, lens, d: PbsaDims, scale: float):
     qt = _q_tiles(q, d).astype(f32)
     logits = jnp.einsum("bhgqtk,bhqsnk->bhgqtsn", qt, kb) * scale
     logits = jnp.where(valid[:, :, None, :, None], logits, -jnp.inf)
-    m = logits.max(axis=(-2, -1))
-    # An empty row has m = -inf; shifting by 0 keeps exp() at exactly 0 instead of NaN.
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(logits - m_safe[..., None, None])
-    denom = p.sum(axis=(-2, -1))
-    has = denom > 0
-    l_safe = jnp.where(has, denom, 1.0)  # double-where keeps gradients finite for empty rows
-    o = jnp.einsum("bhgqtsn,bhqsnk->bhgqtk", p, vb) / l_safe[..., None]
-    lse = jnp.where(has, m_safe + jnp.log(l_safe), -jnp.inf)
+    # One softmax over all selected tokens: the row's keys are its (slot, token) pairs.
+    p, shift, total = softmax_stats(logits, axis=(-2, -1))
+    o, lse = normalize(jnp.einsum("bhgqtsn,bhqsnk->bhgqtk", p, vb), shift, total)
 
     rows = d.num_q_tiles * d.block_q
     out = o.reshape(d.b, d.n, rows, d.k)[:, :, : d.lq].astype(q.dtype)
