@@ -45,6 +45,7 @@ def vae():
         ({"latents_mean": (0.0,) * 15}, "latents_mean has 15 values"),
         ({"latents_std": (1.0,) * 15 + (0.0,)}, "positive"),
         ({"dtype": "int8"}, "dtype"),
+        ({"conv_impl": "fast"}, "conv_impl"),
     ],
 )
 def test_config_rejects_inconsistent_fields(kwargs, match):

@@ -10,14 +10,16 @@ import pytest
 from flax import nnx
 
 from vidax.models.wan_vae import PRESETS, WanVAE, load
+from vidax.models.wan_vae.model import CausalConv3d
 from vidax.train.vae import (
     CroppedClips,
     VAEStageConfig,
-    cpu_friendly_convs,
     decode_raw,
     moments,
     object_mask,
+    resolve_conv_impl,
     train_vae,
+    with_conv_impl,
 )
 
 SMALL = VAEStageConfig(
@@ -44,14 +46,27 @@ def test_fast_forward_matches_the_model(vae):
     mu_ref, logvar_ref = vae.moments(x)
     z = jax.random.normal(jax.random.key(1), mu_ref.shape)
     y_ref = vae.decode_raw(z)
-    with cpu_friendly_convs():
-        mu, logvar = nnx.jit(moments)(vae, x)
-        y = nnx.jit(decode_raw)(vae, z)
-    original = type(vae.encoder.conv_in).conv
-    assert original.__name__ == "conv"  # the context restored the model's method
+    fast = with_conv_impl(vae, "2d-sum")
+    mu, logvar = nnx.jit(moments)(fast, x)
+    y = nnx.jit(decode_raw)(fast, z)
+    # Only the copy computes its convolutions as 2D sums; the model it came from is unchanged.
+    convs = lambda m: [n for _, n in nnx.iter_graph(m) if isinstance(n, CausalConv3d)]
+    assert {c.conv_impl for c in convs(fast)} == {"2d-sum"}
+    assert {c.conv_impl for c in convs(vae)} == {"native"}
     np.testing.assert_allclose(np.asarray(mu), np.asarray(mu_ref), atol=2e-5)
     np.testing.assert_allclose(np.asarray(logvar), np.asarray(logvar_ref), atol=2e-5)
     np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), atol=2e-5)
+    assert not np.array_equal(np.asarray(y), np.asarray(y_ref))  # really another computation
+
+
+def test_conv_impl_auto_sums_2d_convolutions_on_a_cpu():
+    assert jax.default_backend() == "cpu"  # the test suite's backend
+    assert resolve_conv_impl() == "2d-sum" and resolve_conv_impl("native") == "native"
+    assert SMALL.model_config.conv_impl == "2d-sum"
+    native = dataclasses.replace(SMALL, conv_impl="native")
+    assert native.model_config.conv_impl == "native"
+    with pytest.raises(ValueError, match="conv_impl"):
+        dataclasses.replace(SMALL, conv_impl="fast")
 
 
 def test_crops_are_deterministic_and_resumable():

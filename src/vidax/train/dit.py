@@ -47,10 +47,10 @@ from vidax.train.step import init_state
 from vidax.train.vae import (
     STATS_FILE,
     WEIGHTS_FILE,
-    cpu_friendly_convs,
     load_stats,
     moments,
     object_mask,
+    with_conv_impl,
 )
 
 CACHE_DIR = "latents"
@@ -205,34 +205,33 @@ def build_cache(
         path.write_text(json.dumps(manifest) + "\n")
     loader = LoaderConfig(batch_size=1, num_frames=frames)
     encode = nnx.jit(lambda v, x: v.normalize(moments(v, x)[0]))
-    with cpu_friendly_convs():
-        for chunk in range(-(-clips // _CHUNK)):
-            out = cache_dir / f"chunk_{chunk:04d}.npz"
-            if out.exists():
-                continue
-            indices = range(chunk * _CHUNK, min(clips, (chunk + 1) * _CHUNK))
-            latents, masks, captions = [], [], []
-            for start in range(indices.start, indices.stop, batch):
-                rows = [
-                    clip_at(loader, seed, i) for i in range(start, min(indices.stop, start + batch))
-                ]
-                video = np.stack([frames_ for _, frames_ in rows])
-                latents.append(np.asarray(encode(vae, jnp.asarray(video)), np.float32))
-                masks.append(
-                    np.asarray(
-                        latent_object_mask(
-                            video, vae.config.temporal_factor, vae.config.spatial_factor
-                        )
-                    )
+    # 3D convolutions as sums of 2D ones on a CPU (`with_conv_impl`), natively elsewhere.
+    encoder = with_conv_impl(vae)
+    for chunk in range(-(-clips // _CHUNK)):
+        out = cache_dir / f"chunk_{chunk:04d}.npz"
+        if out.exists():
+            continue
+        indices = range(chunk * _CHUNK, min(clips, (chunk + 1) * _CHUNK))
+        latents, masks, captions = [], [], []
+        for start in range(indices.start, indices.stop, batch):
+            rows = [
+                clip_at(loader, seed, i) for i in range(start, min(indices.stop, start + batch))
+            ]
+            video = np.stack([frames_ for _, frames_ in rows])
+            latents.append(np.asarray(encode(encoder, jnp.asarray(video)), np.float32))
+            masks.append(
+                np.asarray(
+                    latent_object_mask(video, vae.config.temporal_factor, vae.config.spatial_factor)
                 )
-                captions += [_caption(spec) for spec, _ in rows]
-            save = functools.partial(
-                np.savez,
-                latents=np.concatenate(latents),
-                masks=np.concatenate(masks),
-                captions=np.asarray(captions),
             )
-            write_atomic(out, save)
+            captions += [_caption(spec) for spec, _ in rows]
+        save = functools.partial(
+            np.savez,
+            latents=np.concatenate(latents),
+            masks=np.concatenate(masks),
+            captions=np.asarray(captions),
+        )
+        write_atomic(out, save)
 
 
 def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.ndarray:

@@ -25,7 +25,6 @@ usable model.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import json
@@ -58,9 +57,9 @@ from vidax.train.step import init_state, train_update
 from vidax.train.vae import (
     VAEStageConfig,
     build_vae,
-    cpu_friendly_convs,
     latent_stats,
     moments,
+    resolve_conv_impl,
     vae_loss,
 )
 
@@ -457,15 +456,6 @@ def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
     )
 
 
-def _on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
-
-
-def _convs():
-    """3D convolutions as sums of 2D ones on CPU (see `cpu_friendly_convs`), native elsewhere."""
-    return cpu_friendly_convs() if _on_cpu() else contextlib.nullcontext()
-
-
 def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_vae.WanVAE, dict]:
     """Stage 1; returns the EMA VAE with its measured latent statistics, and a summary."""
     spec = profile.spec
@@ -496,25 +486,26 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
         write_atomic(out / VAE_FILE, lambda p: wan_vae.save(model, p))
         log(f"vae: saved EMA weights at step {step}")
 
-    with _convs():
-        compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, None, log)
-        state, summary = run_stage(
-            "vae",
-            settings,
-            compiled,
-            state,
-            None,
-            seed=profile.seed,
-            log_every=profile.log_every,
-            checkpoint_seconds=profile.checkpoint_seconds,
-            save=save,
-            log=log,
-            write_log=write_log,
-        )
-        ema = nnx.merge(graphdef, state["ema"], rest)
-        stats = latent_stats(
-            ema, clips=profile.stats_clips, batch=64, draw=_rendered_clips(profile.seed + 1)
-        )
+    # The stage's VAE computes its 3D convolutions as sums of 2D ones on a CPU
+    # (`VAEStageConfig.conv_impl`), natively elsewhere.
+    compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, None, log)
+    state, summary = run_stage(
+        "vae",
+        settings,
+        compiled,
+        state,
+        None,
+        seed=profile.seed,
+        log_every=profile.log_every,
+        checkpoint_seconds=profile.checkpoint_seconds,
+        save=save,
+        log=log,
+        write_log=write_log,
+    )
+    ema = nnx.merge(graphdef, state["ema"], rest)
+    stats = latent_stats(
+        ema, clips=profile.stats_clips, batch=64, draw=_rendered_clips(profile.seed + 1)
+    )
     (out / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
     log(f"vae: latent stats {stats}")
     config = dataclasses.replace(
@@ -564,7 +555,11 @@ def train_dit_stage(
     text_graph, text_params, text_rest = nnx.split(text, nnx.Param, ...)
     # Encode in the compute dtype (bf16 convolutions run on the tensor cores; the latents'
     # ~0.4% rounding is far below the VAE's own round-trip error); parameters stay float32.
-    encoder = wan_vae.WanVAE(dataclasses.replace(vae.config, dtype=profile.dtype), rngs=rngs)
+    # 3D convolutions are sums of 2D ones on a CPU (`resolve_conv_impl`), native elsewhere.
+    encoder = wan_vae.WanVAE(
+        dataclasses.replace(vae.config, dtype=profile.dtype, conv_impl=resolve_conv_impl()),
+        rngs=rngs,
+    )
     nnx.update(encoder, nnx.state(vae))
     vae_graph, vae_state = nnx.split(encoder)
     embedder = HashedTextEmbedder(dim=text_config.in_dim, text_len=text_config.text_len)
@@ -627,13 +622,11 @@ def train_dit_stage(
 
     step_fns = [loss_for(b) for b in settings.buckets]
     if check_only:
-        with _convs():
-            for fn in step_fns:
-                jax.eval_shape(fn, state, vae_state, jax.random.key(0), jnp.float32(0.0))
+        for fn in step_fns:
+            jax.eval_shape(fn, state, vae_state, jax.random.key(0), jnp.float32(0.0))
         log(f"dit: preflight traced {len(step_fns)} programs")
         return None
-    with _convs():
-        compiled = compile_buckets(step_fns, state, vae_state, log)
+    compiled = compile_buckets(step_fns, state, vae_state, log)
     state, summary = run_stage(
         "dit",
         settings,

@@ -13,11 +13,10 @@ of its latents, which the diffusion stage normalises with.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,9 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Float
 
 from vidax.data import ClipLoader, LoaderConfig, clip_at
-from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig
-from vidax.models.wan_vae import model as _vae_model
+from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig, save
+from vidax.models.wan_vae.config import CONV_IMPLS
+from vidax.models.wan_vae.model import AttentionBlock, ResidualBlock
 from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
 from vidax.train.step import init_state
@@ -64,6 +64,8 @@ class VAEStageConfig:
         optim: optimiser settings; the learning rate decays (cosine) over the steps after the
             warm-up, whatever `optim.decay_steps` says.
         checkpoint_every, log_every: see `LoopConfig`.
+        conv_impl: how the VAE computes its 3D convolutions while training (`resolve_conv_impl`:
+            "auto" sums 2D convolutions on a CPU); the weights are the same model either way.
     """
 
     vae: str = "shapes"
@@ -83,8 +85,10 @@ class VAEStageConfig:
     )
     checkpoint_every: int = 100
     log_every: int = 25
+    conv_impl: str = "auto"
 
     def __post_init__(self):
+        resolve_conv_impl(self.conv_impl)  # validates
         if self.vae not in PRESETS:
             raise ValueError(f"unknown VAE preset {self.vae!r}; known: {sorted(PRESETS)}")
         check_curriculum(self.frames, self.short_frames, self.short_fraction, min_frames=5)
@@ -105,54 +109,41 @@ class VAEStageConfig:
 
     @property
     def model_config(self) -> WanVAEConfig:
-        """The preset without latent statistics (training sees raw latents)."""
-        return dataclasses.replace(PRESETS[self.vae], latents_mean=None, latents_std=None)
+        """The preset without latent statistics (training sees raw latents), with `conv_impl`."""
+        return dataclasses.replace(
+            PRESETS[self.vae],
+            latents_mean=None,
+            latents_std=None,
+            conv_impl=resolve_conv_impl(self.conv_impl),
+        )
 
 
 # ------------------------------------------------------------------------- fast CPU forward
 
 
-@contextlib.contextmanager
-def cpu_friendly_convs() -> Iterator[None]:
-    """Computes every `CausalConv3d` as kt 2D convolutions while the context is active.
+def resolve_conv_impl(conv_impl: str = "auto") -> str:
+    """The `WanVAEConfig.conv_impl` to train with: "auto" is "2d-sum" on a CPU backend (where
+    XLA has no fast 3D convolution, see `vidax.models.wan_vae.config.CONV_IMPLS`), else
+    "native"; any other value is returned as it is."""
+    if conv_impl == "auto":
+        return "2d-sum" if jax.default_backend() == "cpu" else "native"
+    if conv_impl not in CONV_IMPLS:
+        raise ValueError(f"conv_impl must be 'auto' or one of {CONV_IMPLS}, got {conv_impl!r}")
+    return conv_impl
 
-    XLA:CPU has no fast path for 3D convolutions: a 3x3x3 conv runs ~4x slower forward and
-    ~7x slower in the backward pass than the same sum of three 2D convolutions over shifted
-    frames. The result is the same up to float summation order, so weights trained under this
-    context are ordinary `WanVAE` weights. Only affects functions traced inside the context.
+
+def with_conv_impl(vae: WanVAE, conv_impl: str = "auto") -> WanVAE:
+    """`vae`'s weights in a VAE whose 3D convolutions run by `conv_impl` (`resolve_conv_impl`).
+
+    The same function up to float summation order; `vae` itself is returned when nothing
+    changes.
     """
-    original = _vae_model.CausalConv3d.conv
-    _vae_model.CausalConv3d.conv = _conv_as_2d
-    try:
-        yield
-    finally:
-        _vae_model.CausalConv3d.conv = original
-
-
-def _conv_as_2d(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h w c2"]:
-    kernel = self.kernel[...].astype(self.dtype)
-    x = x.astype(self.dtype)
-    kt, kh, kw = kernel.shape[:3]
-    stride = self.stride_t
-    t_out = (x.shape[1] - kt) // stride + 1
-    span = stride * (t_out - 1) + 1
-    y = None
-    for d in range(kt):
-        xs = x[:, d : d + span : stride]
-        if (kh, kw) == (1, 1):
-            part = jnp.dot(xs, kernel[d, 0, 0])
-        else:
-            flat = xs.reshape(-1, *xs.shape[2:])
-            part = jax.lax.conv_general_dilated(
-                flat,
-                kernel[d],
-                window_strides=(1, 1),
-                padding=self.padding[1:],
-                dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            )
-            part = part.reshape(xs.shape[0], t_out, *part.shape[1:])
-        y = part if y is None else y + part
-    return y + self.bias[...].astype(self.dtype)
+    config = dataclasses.replace(vae.config, conv_impl=resolve_conv_impl(conv_impl))
+    if config == vae.config:
+        return vae
+    out = nnx.eval_shape(lambda: WanVAE(config, rngs=nnx.Rngs(0)))
+    nnx.update(out, nnx.state(vae))
+    return out
 
 
 def moments(vae: WanVAE, x: Float[Array, "b T H W 3"]) -> tuple[jax.Array, jax.Array]:
@@ -295,9 +286,9 @@ def build_vae(config: VAEStageConfig) -> WanVAE:
     """
     vae = WanVAE(config.model_config, rngs=nnx.Rngs(config.seed))
     for _, node in nnx.iter_graph(vae):
-        if isinstance(node, _vae_model.ResidualBlock):
+        if isinstance(node, ResidualBlock):
             node.conv2.kernel[...] = jnp.zeros_like(node.conv2.kernel[...])
-        elif isinstance(node, _vae_model.AttentionBlock):
+        elif isinstance(node, AttentionBlock):
             node.proj.kernel[...] = jnp.zeros_like(node.proj.kernel[...])
     z = config.model_config.z_dim
     kernel, bias = vae.quant_conv.kernel, vae.quant_conv.bias
@@ -328,24 +319,21 @@ def train_vae(
 
     step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
     meta = {"stage": "vae", "config": config}
-    with cpu_friendly_convs():
-        state = run(
-            run_dir,
-            init_state(params, optimizer),
-            step,
-            CroppedClips(config, mesh=mesh),
-            LoopConfig.of(config),
-            to_arrays=lambda b: {"video": b["video"]},
-            mesh=mesh,
-            meta=meta,
-            description="vae",
-        )
-        ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
-        stats = latent_stats(ema, seed=config.seed + 1)
+    state = run(
+        run_dir,
+        init_state(params, optimizer),
+        step,
+        CroppedClips(config, mesh=mesh),
+        LoopConfig.of(config),
+        to_arrays=lambda b: {"video": b["video"]},
+        mesh=mesh,
+        meta=meta,
+        description="vae",
+    )
+    ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
+    stats = latent_stats(ema, seed=config.seed + 1)
     run_dir = Path(run_dir)
     (run_dir / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
-    from vidax.models.wan_vae import save
-
     save(ema, run_dir / WEIGHTS_FILE)
     return ema
 

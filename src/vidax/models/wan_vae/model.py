@@ -35,7 +35,7 @@ from vidax.models.video_vae import (
     last_axis,
     run_chunked,
 )
-from vidax.models.wan_vae.config import ENCODE_CHUNK, WanVAEConfig
+from vidax.models.wan_vae.config import CONV_IMPLS, ENCODE_CHUNK, WanVAEConfig
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
 from vidax.sharding import shard
@@ -49,6 +49,8 @@ class CausalConv3d(nnx.Module):
     Args:
       in_dim / out_dim: channels c.
       kernel: (kt, kh, kw); kh and kw odd.
+      conv_impl: "native" (one 3D convolution) or "2d-sum" (the sum of kt 2D convolutions over
+        shifted frames: the same function up to float summation order; see `CONV_IMPLS`).
     """
 
     def __init__(
@@ -60,8 +62,11 @@ class CausalConv3d(nnx.Module):
         stride_t: int = 1,
         dtype: jnp.dtype = jnp.float32,
         param_dtype: jnp.dtype = jnp.float32,
+        conv_impl: str = "native",
         rngs: nnx.Rngs,
     ):
+        if conv_impl not in CONV_IMPLS:
+            raise ValueError(f"unknown conv_impl {conv_impl!r}; choose from {CONV_IMPLS}")
         self.kernel = param(
             conv_init(rngs.params(), (*kernel, in_dim, out_dim), param_dtype), CONV3D_AXES
         )
@@ -70,9 +75,12 @@ class CausalConv3d(nnx.Module):
         self.padding = ((0, 0), ((kernel[1] - 1) // 2,) * 2, ((kernel[2] - 1) // 2,) * 2)
         self.stride_t = stride_t
         self.dtype = dtype
+        self.conv_impl = conv_impl
 
     def conv(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h w c2"]:
         """The convolution alone, without padding in time."""
+        if self.conv_impl == "2d-sum":
+            return self._conv_2d_sum(x)
         kernel = self.kernel[...].astype(self.dtype)
         x = x.astype(self.dtype)
         if kernel.shape[:3] == (1, 1, 1):
@@ -86,6 +94,32 @@ class CausalConv3d(nnx.Module):
                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
             )
         return y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
+
+    def _conv_2d_sum(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t2 h w c2"]:
+        """`conv` as the sum over d < kt of a 2D convolution of frames d, d + stride, ..."""
+        kernel = self.kernel[...].astype(self.dtype)
+        x = x.astype(self.dtype)
+        kt, kh, kw = kernel.shape[:3]
+        stride = self.stride_t
+        t_out = (x.shape[1] - kt) // stride + 1
+        span = stride * (t_out - 1) + 1
+        y = None
+        for d in range(kt):
+            xs = x[:, d : d + span : stride]
+            if (kh, kw) == (1, 1):
+                part = jnp.dot(xs, kernel[d, 0, 0])
+            else:
+                flat = xs.reshape(-1, *xs.shape[2:])
+                part = jax.lax.conv_general_dilated(
+                    flat,
+                    kernel[d],
+                    window_strides=(1, 1),
+                    padding=self.padding[1:],
+                    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                )
+                part = part.reshape(xs.shape[0], t_out, *part.shape[1:])
+            y = part if y is None else y + part
+        return y + self.bias[...].astype(self.dtype)
 
     def __call__(
         self, x: Float[Array, "b t h w c"], cache: Float[Array, "b m h w c"] | None = None
@@ -152,8 +186,10 @@ class Conv2d(nnx.Module):
 class ResidualBlock(nnx.Module):
     """conv2(silu(norm2(conv1(silu(norm1 x))))) + shortcut(x); both convs causal 3x3x3."""
 
-    def __init__(self, in_dim: int, out_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    def __init__(
+        self, in_dim: int, out_dim: int, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs
+    ):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs)
         self.norm1 = ChannelRMSNorm(in_dim, param_dtype=param_dtype)
         self.conv1 = CausalConv3d(in_dim, out_dim, **kw)
         self.norm2 = ChannelRMSNorm(out_dim, param_dtype=param_dtype)
@@ -199,7 +235,7 @@ class Resample(nnx.Module):
 
     MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
 
-    def __init__(self, dim: int, mode: str, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, dim: int, mode: str, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs):
         if mode not in self.MODES:
             raise ValueError(f"unknown resample mode {mode!r}; choose from {self.MODES}")
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -211,9 +247,11 @@ class Resample(nnx.Module):
             self.conv = Conv2d(dim, dim, 3, stride=2, padding=((0, 1), (0, 1)), **kw)
         if mode == "upsample3d":
             # Each half of the output channels becomes one of two consecutive frames.
-            self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), **kw)
+            self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), conv_impl=conv_impl, **kw)
         elif mode == "downsample3d":
-            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride_t=2, **kw)
+            self.time_conv = CausalConv3d(
+                dim, dim, (3, 1, 1), stride_t=2, conv_impl=conv_impl, **kw
+            )
         else:
             self.time_conv = None
 
@@ -244,9 +282,10 @@ class Resample(nnx.Module):
 class MidBlock(nnx.Module):
     """Residual block, attention, residual block at the lowest resolution."""
 
-    def __init__(self, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, dim: int, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.resnets = nnx.List([ResidualBlock(dim, dim, **kw), ResidualBlock(dim, dim, **kw)])
+        res = dict(kw, conv_impl=conv_impl)
+        self.resnets = nnx.List([ResidualBlock(dim, dim, **res), ResidualBlock(dim, dim, **res)])
         self.attentions = nnx.List([AttentionBlock(dim, **kw)])
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
@@ -295,20 +334,21 @@ class Encoder(nnx.Module):
         kw = dict(
             dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
         )
+        conv = dict(kw, conv_impl=config.conv_impl)
         dims = config.encoder_dims
-        self.conv_in = CausalConv3d(config.in_channels, dims[0], **kw)
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], **conv)
         layers = []
         for kind, *sizes in encoder_layout(config):
             if kind == "res":
-                layers.append(ResidualBlock(*sizes, **kw))
+                layers.append(ResidualBlock(*sizes, **conv))
             elif kind == "attn":
                 layers.append(AttentionBlock(*sizes, **kw))
             else:
-                layers.append(Resample(*sizes, kind, **kw))
+                layers.append(Resample(*sizes, kind, **conv))
         self.down_blocks = nnx.List(layers)
-        self.mid_block = MidBlock(dims[-1], **kw)
+        self.mid_block = MidBlock(dims[-1], **conv)
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
-        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, **kw)
+        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, **conv)
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         c_in, c_layers, c_mid, c_out = (None, None, None, None) if cache is None else cache
@@ -327,9 +367,18 @@ class UpBlock(nnx.Module):
     """`num` residual blocks, then an optional `Resample` upsample."""
 
     def __init__(
-        self, in_dim: int, out_dim: int, num: int, mode: str | None, *, dtype, param_dtype, rngs
+        self,
+        in_dim: int,
+        out_dim: int,
+        num: int,
+        mode: str | None,
+        *,
+        dtype,
+        param_dtype,
+        conv_impl: str,
+        rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = dict(dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs)
         self.resnets = nnx.List(
             [ResidualBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
         )
@@ -352,7 +401,10 @@ class Decoder(nnx.Module):
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
         kw = dict(
-            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            conv_impl=config.conv_impl,
+            rngs=rngs,
         )
         dims = config.decoder_dims
         self.conv_in = CausalConv3d(config.z_dim, dims[0], **kw)
@@ -429,7 +481,10 @@ class WanVAE(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
         self.config = config
         kw = dict(
-            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            conv_impl=config.conv_impl,
+            rngs=rngs,
         )
         z = config.z_dim
         self.encoder = Encoder(config, rngs=rngs)
