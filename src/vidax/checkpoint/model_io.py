@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 
 from vidax.checkpoint.keymap import Rule, export_state, load_state
 from vidax.checkpoint.safetensors import open_checkpoint, save_file
+from vidax.sharding import param_shardings
 
 
 def load_model(
@@ -27,8 +28,6 @@ def load_model(
     With `mesh`, every parameter is placed directly with the sharding its logical axes get
     under `strategy` (see `vidax.sharding`), so no device ever holds the whole model.
     """
-    from vidax.sharding import param_shardings
-
     abstract = nnx.eval_shape(build)
     graphdef, abstract_state = nnx.split(abstract)
     shardings = None

@@ -24,8 +24,12 @@ import numpy as np
 from flax import nnx
 
 from vidax import sampling
-from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan
+from vidax.dvg import selector
+from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan, reduced_shape
+from vidax.dvg.schedule import plan as plan_schedule
+from vidax.dvg.selector import DEFAULT_POLICY, ladders, measure
 from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
+from vidax.sharding import current
 
 # velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x.
 VelocityFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]
@@ -296,8 +300,6 @@ def probe(
 
 @functools.lru_cache(maxsize=16)
 def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool, model_input):
-    from vidax.dvg.selector import measure
-
     @jax.jit
     def run(state, noise, cond, negative):
         model = nnx.merge(graphdef, state)
@@ -320,9 +322,6 @@ def probe_stage(
     an interpolation residual three) and `_PROBE_MIN_SIZE` latent pixels across (a half-band
     of a few frequencies).
     """
-    from vidax.dvg.schedule import reduced_shape
-    from vidax.dvg.selector import DEFAULT_POLICY, ladders
-
     policy = policy or DEFAULT_POLICY
     grids = [ladder[0] for family in ladders(latent, patch, policy).values() for ladder in family]
     grids = [
@@ -390,8 +389,6 @@ def accelerate(
     Returns:
       (latents (b, t, h, w, c) float32, one `vidax.dvg.Choice` per video).
     """
-    from vidax.dvg import selector
-
     if accel not in ACCEL_MODES:
         raise ValueError(f"accel must be one of {ACCEL_MODES}, got {accel!r}")
     if not 0 < budget <= 1:
@@ -494,9 +491,7 @@ def accelerate(
 
 @functools.lru_cache(maxsize=128)
 def _cached_plan(schedule, **kwargs):
-    from vidax.dvg.schedule import plan
-
-    return plan(schedule, **kwargs)
+    return plan_schedule(schedule, **kwargs)
 
 
 def _take(idx, tree):
@@ -505,8 +500,6 @@ def _take(idx, tree):
 
 def _mesh_multiple() -> int:
     """Token-count multiple for the active mesh's sequence-parallel axis (1 without a mesh)."""
-    from vidax.sharding import current
-
     active = current()
     if active is None:
         return 1

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from vidax.data import ClipLoader, LoaderConfig
@@ -40,6 +41,8 @@ from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.forcing.model import CausalWan, forward_chunk, forward_full, save
 from vidax.forcing.rollout import chunk_noise, write_clean
 from vidax.sampling import predict_x0, renoise, shift_sigmas
+from vidax.text.hashed import HashedTextEmbedder
+from vidax.train.dit import LatentBatches
 from vidax.train.flow import SigmaSampler
 from vidax.train.loop import LoopConfig, make_step, run
 from vidax.train.optim import OptimConfig, make_optimizer
@@ -292,8 +295,6 @@ class TrainBatches:
     def __init__(
         self, config: StageConfig, *, text_dim: int, text_len: int, vae=None, repeat: int = 1
     ):
-        from vidax.text.hashed import HashedTextEmbedder
-
         if repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {repeat}")
         frames = config.num_frames if vae is not None else 1
@@ -388,9 +389,6 @@ def train_stage(
         frozen = nnx.state(teacher if teacher is not None else model)
         state["teacher"] = jax.tree.map(jnp.copy, frozen)
     if config.kind == "diffusion_forcing" and config.latents_dir is not None:
-        from vidax.text.hashed import HashedTextEmbedder
-        from vidax.train.dit import LatentBatches
-
         batches = LatentBatches(
             config.latents_dir,
             batch_size=config.batch_size,
@@ -473,8 +471,6 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
 
 def _optimizer(config: StageConfig):
     """`vidax.train.optim.make_optimizer`, with a larger step for the sparse heads if asked."""
-    import optax
-
     base = make_optimizer(config.optim)
     if config.sparse_lr_multiplier == 1.0:
         return base

@@ -35,10 +35,11 @@ from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Array, Float
 
-from vidax.checkpoint import write_atomic
-from vidax.data import LoaderConfig, clip_at
+from vidax.checkpoint import save_model, write_atomic
+from vidax.data import LoaderConfig, caption, clip_at
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
+from vidax.models.wan import key_map
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
 from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
@@ -224,7 +225,7 @@ def build_cache(
                     latent_object_mask(video, vae.config.temporal_factor, vae.config.spatial_factor)
                 )
             )
-            captions += [_caption(spec) for spec, _ in rows]
+            captions += [caption(spec) for spec, _ in rows]
         save = functools.partial(
             np.savez,
             latents=np.concatenate(latents),
@@ -262,12 +263,6 @@ def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.nda
     t = grid.shape[1]
     grid = grid.reshape(n, t, height // spatial, spatial, width // spatial, spatial)
     return grid.any(axis=(3, 5))[..., None].astype(jnp.uint8)
-
-
-def _caption(spec) -> str:
-    from vidax.data import caption
-
-    return caption(spec)
 
 
 class LatentBatches:
@@ -481,8 +476,5 @@ def train_dit(
         description="dit",
     )
     ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
-    from vidax.checkpoint import save_model
-    from vidax.models.wan import key_map
-
     save_model(ema, run_dir / TRANSFORMER_FILE, key_map(spec.config))
     return ema

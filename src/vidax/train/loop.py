@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vidax.data import batch_sharding
 from vidax.train.checkpointing import Checkpointer
 from vidax.train.step import train_update
 
@@ -140,8 +141,6 @@ def place_batch(batch: dict[str, np.ndarray], mesh: Mesh | None) -> dict[str, ja
     """Host arrays -> device arrays, dim 0 split over the mesh's ("data", "fsdp") axes."""
     if mesh is None:
         return {k: jnp.asarray(v) for k, v in batch.items()}
-    from vidax.data import batch_sharding
-
     out = {}
     for key, value in batch.items():
         shape = (value.shape[0] * jax.process_count(), *value.shape[1:])

@@ -42,11 +42,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from vidax.checkpoint import write_atomic
+from vidax.checkpoint import save_model, write_atomic
 from vidax.data import scene_render
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
-from vidax.models.wan import WanTransformer
+from vidax.models.wan import WanTransformer, key_map
 from vidax.pipeline import ASSETS
 from vidax.text.encoder import WordEncoder
 from vidax.text.hashed import HashedTextEmbedder
@@ -602,8 +602,6 @@ def train_dit_stage(
         )
 
     def save(state, step):
-        from vidax.checkpoint import save_model
-        from vidax.models.wan import key_map
         from vidax.text import encoder as word_encoder
 
         dit_ema, text_ema = models(state)

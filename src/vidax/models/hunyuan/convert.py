@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 
+from flax import nnx
+
 from vidax.checkpoint import Rule, linear_rules, load_model
 from vidax.models.hunyuan.config import HunyuanVideoConfig
+from vidax.models.hunyuan.model import HunyuanVideoTransformer
 
 
 def patch_embed_rules(source: str, target: str, config) -> list[Rule]:
@@ -108,9 +111,6 @@ def key_map(config: HunyuanVideoConfig) -> list[Rule]:
 
 def load(path: str | os.PathLike, config: HunyuanVideoConfig, *, mesh=None, strategy=None):
     """Builds a `HunyuanVideoTransformer` from a diffusers checkpoint (file, index or directory)."""
-    from flax import nnx
-
-    from vidax.models.hunyuan.model import HunyuanVideoTransformer
 
     return load_model(
         lambda: HunyuanVideoTransformer(config, rngs=nnx.Rngs(0)),

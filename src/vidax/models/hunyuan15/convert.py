@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from flax import nnx
+
 from vidax.checkpoint import Rule, linear_rules, load_model
 from vidax.models.hunyuan.convert import (
     dual_block_rules,
@@ -14,6 +16,7 @@ from vidax.models.hunyuan.convert import (
     refiner_rules,
 )
 from vidax.models.hunyuan15.config import HunyuanVideo15Config
+from vidax.models.hunyuan15.model import HunyuanVideo15Transformer
 
 
 def _norm_rules(source: str, target: str) -> list[Rule]:
@@ -44,9 +47,6 @@ def key_map(config: HunyuanVideo15Config) -> list[Rule]:
 
 def load(path: str | os.PathLike, config: HunyuanVideo15Config, *, mesh=None, strategy=None):
     """Builds a `HunyuanVideo15Transformer` from a diffusers checkpoint (file, index or dir)."""
-    from flax import nnx
-
-    from vidax.models.hunyuan15.model import HunyuanVideo15Transformer
 
     return load_model(
         lambda: HunyuanVideo15Transformer(config, rngs=nnx.Rngs(0)),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
+from flax import nnx
+
 from vidax.checkpoint import Rule, linear_rules, load_model, open_checkpoint
 from vidax.models.umt5.config import UMT5Config
+from vidax.models.umt5.model import UMT5Encoder
 
 # The token embedding is tied: `UMT5EncoderModel` owns it as `shared.weight` and the encoder
 # stack reuses it as `encoder.embed_tokens.weight`. Exports hold one or both (same tensor).
@@ -54,9 +57,6 @@ def load(path: str | os.PathLike, config: UMT5Config, *, mesh=None, strategy=Non
       CheckpointError: the checkpoint is missing, corrupt or does not match `config`, naming
         the offending keys.
     """
-    from flax import nnx
-
-    from vidax.models.umt5.model import UMT5Encoder
 
     # Only the header is read here; tensors are streamed by `load_model`.
     keys = set(open_checkpoint(path))

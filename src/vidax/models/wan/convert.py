@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
+from flax import nnx
+
 from vidax.checkpoint import Rule, linear_rules, load_model
 from vidax.models.wan.config import WanConfig
+from vidax.models.wan.model import WanTransformer
 
 # Present in some exported checkpoints but unused by the T2V architecture (diffusers ignores it too).
 IGNORED = ("blocks.*.attn2.norm_added_q.weight",)
@@ -62,9 +65,6 @@ def key_map(config: WanConfig) -> list[Rule]:
 
 def load(path: str | os.PathLike, config: WanConfig, *, mesh=None, strategy=None):
     """Builds a `WanTransformer` from a diffusers checkpoint (file, index or directory)."""
-    from flax import nnx
-
-    from vidax.models.wan.model import WanTransformer
 
     return load_model(
         lambda: WanTransformer(config, rngs=nnx.Rngs(0)),
