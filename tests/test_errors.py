@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from vidax.errors import USER_ERRORS, MissingExtraError, require_extra
+from vidax.models.umt5.tokenizer import Tokenizer
 
 
 def test_a_missing_module_names_the_extra(monkeypatch):
@@ -23,8 +24,6 @@ def test_a_present_module_is_returned():
 
 
 def test_the_tokenizer_reports_a_missing_extra(tmp_path, monkeypatch):
-    from vidax.models.umt5.tokenizer import Tokenizer
-
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(MissingExtraError, match="needs the `tokenizers` package"):

@@ -3,7 +3,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vidax.data import shapes
+from vidax.data import LoaderConfig, clip_at, shapes
 from vidax.data.shapes import (
     EVAL_PROMPTS,
     PALETTE,
@@ -293,8 +293,6 @@ def test_eval_prompt_objects_never_overlap_in_33_frames():
 
 
 def test_random_eval_prompts_are_deterministic_in_the_seed():
-    from vidax.data import LoaderConfig, clip_at
-
     a = shapes.random_eval_prompts(6, seed=7)
     assert a == shapes.random_eval_prompts(6, seed=7)
     assert shapes.random_eval_prompts(3, seed=7) == a[:3]  # a larger n extends a smaller one

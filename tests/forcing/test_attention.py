@@ -16,11 +16,13 @@ from vidax.forcing.attention import (
     SparseParams,
     chunk_positions,
     dense_attention,
+    gather_attention,
     make_rope,
     select_blocks,
     sparse_attention,
 )
 from vidax.forcing.cache import token_positions
+from vidax.kernels.pbsa import pbsa_reference
 from vidax.nn import apply_rope
 from vidax.nn.rope import wan_axes_dims
 
@@ -190,9 +192,6 @@ def test_sparse_gradients_reach_compression_and_gates():
 
 def test_gather_attention_equals_pbsa_reference():
     """The XLA:CPU fast path of the selected branch is the kernel's spec on its inputs."""
-    from vidax.forcing.attention import gather_attention
-    from vidax.kernels.pbsa import pbsa_reference
-
     b, n, slots, bs, kd, tile, nq, m = 2, 3, 9, 4, 8, 5, 3, 4
     ks = jax.random.split(jax.random.key(0), 4)
     q = jax.random.normal(ks[0], (b, tile * nq, n, kd))

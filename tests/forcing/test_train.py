@@ -20,6 +20,7 @@ from vidax.forcing.train import (
     self_forcing_loss,
     train_stage,
 )
+from vidax.models.wan_vae import PRESETS, WanVAE
 from vidax.train.loop import read_log
 from vidax.train.optim import OptimConfig
 
@@ -84,8 +85,6 @@ def test_self_forcing_step_decreases_loss(small_model, context):
 
 def test_stage_resumes_from_checkpoint(small_model, tmp_path):
     """Interrupted after 2 steps and restarted = one uninterrupted run (weights and log)."""
-    from vidax.models.wan_vae import PRESETS, WanVAE
-
     vae_config = dataclasses.replace(
         PRESETS["tiny"],
         z_dim=C,

@@ -10,7 +10,7 @@ from flax import nnx
 
 from vidax.models.hunyuan import PRESETS, HunyuanVideoConfig, HunyuanVideoTransformer
 from vidax.nn import attention, video_positions
-from vidax.sharding import PARAM_AXES
+from vidax.sharding import PARAM_AXES, make_mesh, use_mesh
 
 CONFIG = dataclasses.replace(
     PRESETS["tiny"],
@@ -227,8 +227,6 @@ def test_remat_gradients_match():
 
 
 def test_sharded_forward_matches_single_device(model, forward):
-    from vidax.sharding import make_mesh, use_mesh
-
     inputs = _inputs()
     want = forward(*inputs)
     with use_mesh(make_mesh((2, 4), ("fsdp", "seq")), "fsdp_sp"):

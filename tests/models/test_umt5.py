@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from tests.text._tokenizers import WORDS, word_tokenizer_json
 
-from vidax.checkpoint import CheckpointError, save_file, save_model
+from vidax.checkpoint import CheckpointError, export_state, save_file, save_model
 from vidax.models.umt5 import (
     PRESETS,
     Tokenizer,
@@ -20,7 +20,7 @@ from vidax.models.umt5 import (
     load,
     position_buckets,
 )
-from vidax.sharding import PARAM_AXES
+from vidax.sharding import PARAM_AXES, make_mesh, use_mesh
 
 TINY = PRESETS["tiny"]
 
@@ -149,8 +149,6 @@ def test_save_load_round_trip(model, tmp_path):
 
 
 def _tensors(model):
-    from vidax.checkpoint import export_state
-
     return export_state(nnx.state(model, nnx.Param), key_map(TINY))
 
 
@@ -269,8 +267,6 @@ def test_tokenizer_errors_are_clear(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["tp_sp"])  # covers embed->fsdp and heads/mlp->tensor
 def test_sharded_load_and_forward_match_single_device(model, tmp_path, strategy):
-    from vidax.sharding import make_mesh, use_mesh
-
     save_model(model, tmp_path / "m.safetensors", key_map(TINY))
     mesh = make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
     sharded = load(tmp_path / "m.safetensors", TINY, mesh=mesh, strategy=strategy)

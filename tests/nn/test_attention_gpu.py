@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from vidax.models.wan import PRESETS, WanTransformer
 from vidax.nn.attention import attention, attention_reference
 
 pytestmark = [
@@ -103,8 +104,6 @@ def test_float32_falls_back_without_cudnn():
 def test_bf16_wan_forward_uses_cudnn_and_tracks_float32():
     """The tiny Wan DiT in bf16 (head dim 32) runs both attentions on cuDNN; the tolerance is
     the CPU test's (tests/models/test_bf16.py)."""
-    from vidax.models.wan import PRESETS, WanTransformer
-
     cfg = dataclasses.replace(PRESETS["tiny"], num_layers=2)
     m32 = WanTransformer(cfg, rngs=nnx.Rngs(0))
     cfg16 = dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16")

@@ -8,6 +8,8 @@ from jax.sharding import AxisType
 
 from vidax.nn.attention import attention, attention_chunked, attention_reference
 from vidax.nn.ring_attention import _splash_block, ring_attention
+from vidax.planner import load_topology
+from vidax.planner.hlo import analyze_hlo
 from vidax.sharding.rules import compose_strategy, use_mesh
 
 
@@ -94,9 +96,6 @@ def test_splash_compiles_for_tpu_and_splits_queries(tokens):
     against all keys; the HLO walk prices it."""
     pytest.importorskip("libtpu")
     from jax.sharding import Mesh
-
-    from vidax.planner import load_topology
-    from vidax.planner.hlo import analyze_hlo
 
     topo = load_topology("v5e:2x2")
     mesh = Mesh(np.array(topo.devices).reshape(1, 4, 1), ("data", "seq", "tensor"))

@@ -14,6 +14,7 @@ diffusers = pytest.importorskip("diffusers")
 from tests.reference.test_hunyuan_parity import (  # noqa: E402
     assert_preset_matches_diffusers_defaults,
 )
+from vidax.checkpoint import CheckpointError, save_model  # noqa: E402
 from vidax.models.hunyuan15 import (  # noqa: E402
     PRESETS,
     HunyuanVideo15Config,
@@ -160,8 +161,6 @@ def test_export_round_trips_to_diffusers(models, tmp_path):
     """Loading then exporting reproduces the diffusers state dict bit for bit."""
     import safetensors.torch
 
-    from vidax.checkpoint import save_model
-
     ref, model = models
     save_model(model, tmp_path / "diffusion_pytorch_model.safetensors", key_map(CONFIG))
     exported = safetensors.torch.load_file(tmp_path / "diffusion_pytorch_model.safetensors")
@@ -173,8 +172,6 @@ def test_export_round_trips_to_diffusers(models, tmp_path):
 
 def test_misshaped_checkpoint_names_the_key(models, tmp_path):
     import safetensors.torch
-
-    from vidax.checkpoint import CheckpointError
 
     ref, _ = models
     state = {k: v.contiguous() for k, v in ref.state_dict().items()}

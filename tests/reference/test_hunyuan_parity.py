@@ -10,6 +10,7 @@ from tests.reference._torch import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
+from vidax.checkpoint import CheckpointError, save_model  # noqa: E402
 from vidax.models.hunyuan import (  # noqa: E402
     PRESETS,
     HunyuanVideoConfig,
@@ -17,6 +18,7 @@ from vidax.models.hunyuan import (  # noqa: E402
     key_map,
     load,
 )
+from vidax.nn import rope_angles, video_positions  # noqa: E402
 
 pytestmark = pytest.mark.reference
 
@@ -128,8 +130,6 @@ def test_rope_matches_diffusers():
         HunyuanVideoRotaryPosEmbed,
     )
 
-    from vidax.nn import rope_angles, video_positions
-
     dims, grid = (16, 56, 56), (3, 5, 4)
     cos, sin = HunyuanVideoRotaryPosEmbed(2, 1, list(dims), 256.0)(
         torch.zeros(1, 16, grid[0], 2 * grid[1], 2 * grid[2])
@@ -144,8 +144,6 @@ def test_export_round_trips_to_diffusers(models, tmp_path):
     """Loading then exporting reproduces the diffusers state dict bit for bit."""
     import safetensors.torch
 
-    from vidax.checkpoint import save_model
-
     ref, model = models
     save_model(model, tmp_path / "diffusion_pytorch_model.safetensors", key_map(CONFIG))
     exported = safetensors.torch.load_file(tmp_path / "diffusion_pytorch_model.safetensors")
@@ -157,8 +155,6 @@ def test_export_round_trips_to_diffusers(models, tmp_path):
 
 def test_misshaped_checkpoint_names_the_key(tmp_path):
     import safetensors.torch
-
-    from vidax.checkpoint import CheckpointError
 
     ref = _reference_model(CONFIG)
     state = {k: v.contiguous() for k, v in ref.state_dict().items()}

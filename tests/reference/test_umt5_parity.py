@@ -17,6 +17,7 @@ from vidax.models.umt5 import (  # noqa: E402
     PRESETS,
     Tokenizer,
     UMT5Config,
+    from_hf_config,
     key_map,
     load,
     relative_position_bucket,
@@ -190,8 +191,6 @@ def test_tokenizer_matches_transformers(sentencepiece_dir, tmp_path, backend):
 
 def test_config_json_keeps_the_checkpoint_dtype_and_matches_in_float32(models):
     import json
-
-    from vidax.models.umt5 import from_hf_config
 
     ref, path, _ = models
     hf = json.loads((path / "config.json").read_text())

@@ -12,7 +12,8 @@ from tests.reference._torch import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from vidax.models.wan import WanConfig, load, to_diffusers_config  # noqa: E402
+from vidax.checkpoint import save_model  # noqa: E402
+from vidax.models.wan import WanConfig, key_map, load, to_diffusers_config  # noqa: E402
 from vidax.nn import rope_angles, timestep_embedding, video_positions  # noqa: E402
 
 pytestmark = pytest.mark.reference
@@ -105,8 +106,6 @@ def test_rope_matches_diffusers():
 
 def test_export_round_trips_to_diffusers(models, tmp_path):
     """Loading then exporting reproduces the diffusers state dict bit for bit."""
-    from vidax.checkpoint import save_model
-    from vidax.models.wan import key_map
 
     ref, model = models
     save_model(model, tmp_path / "diffusion_pytorch_model.safetensors", key_map(CONFIG))

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import vidax.train.dit as stage
+from vidax.checkpoint import save_model
 from vidax.models import wan_vae
 from vidax.models.wan import PRESETS as WAN
-from vidax.models.wan import WanTransformer, load
+from vidax.models.wan import WanTransformer, key_map, load
 from vidax.nn import attention
+from vidax.sharding import make_mesh
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.dit import (
     DiTStageConfig,
@@ -22,9 +25,13 @@ from vidax.train.dit import (
     dit_loss,
     forward,
     latent_object_mask,
+    load_trained_vae,
     self_attention,
     train_dit,
 )
+from vidax.train.loop import make_step, place_batch, replicate
+from vidax.train.optim import OptimConfig, make_optimizer
+from vidax.train.step import init_state
 
 SMALL_MODEL = dataclasses.replace(WAN["tiny"], dim=32, num_heads=2, ffn_dim=64, num_layers=2)
 
@@ -62,7 +69,6 @@ def _vae_run(tmp_path):
 
 def test_cache_batches_cover_every_clip_once_per_epoch(tmp_path):
     run = _vae_run(tmp_path / "vae")
-    from vidax.train.dit import load_trained_vae
 
     vae = load_trained_vae(run, "shapes")
     build_cache(tmp_path / "cache", vae, clips=6, frames=5, seed=3, vae_id="x")
@@ -98,7 +104,6 @@ def test_loss_drops_captions_at_the_dropout_rate():
         "context": jnp.ones((64, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
     }
     seen = {}
-    import vidax.train.dit as stage
 
     def spy(m, x, t, context):
         seen["kept"] = np.asarray(context[:, 0, 0])
@@ -181,7 +186,6 @@ def test_object_weight_raises_the_share_of_object_errors():
         "objects": jnp.asarray(objects),
         "context": jnp.zeros((4, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
     }
-    import vidax.train.dit as stage
 
     def exact_but_objects(m, x, t, context):
         # x = sigma * noise with x0 = 0: the true velocity is x / sigma; miss it by 1 on objects.
@@ -211,9 +215,6 @@ def test_object_weight_raises_the_share_of_object_errors():
 
 
 def test_init_starts_from_given_weights(tmp_path):
-    from vidax.checkpoint import save_model
-    from vidax.models.wan import key_map
-
     source = DiTStageConfig().spec.build(seed=7)
     save_model(source, tmp_path / "init.safetensors", key_map(WAN["tiny"]))
     model = build_model(DiTStageConfig(init=str(tmp_path / "init.safetensors")))
@@ -245,11 +246,6 @@ def test_short_run_exports_loadable_weights(tmp_path):
 
 
 def test_data_parallel_dit_step_matches_single_device():
-    from vidax.sharding import make_mesh
-    from vidax.train.loop import make_step, place_batch, replicate
-    from vidax.train.optim import OptimConfig, make_optimizer
-    from vidax.train.step import init_state
-
     config = DiTStageConfig(batch_size=8)
     model = WanTransformer(SMALL_MODEL, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import vidax.train.vae as stage
+from vidax.data import EVAL_PROMPTS, render
 from vidax.models.wan_vae import PRESETS, WanVAE, load
 from vidax.models.wan_vae.model import CausalConv3d
 from vidax.train.vae import (
@@ -88,8 +90,6 @@ def test_crops_are_deterministic_and_resumable():
 
 
 def test_object_mask_separates_palette_from_background():
-    from vidax.data import EVAL_PROMPTS, render
-
     frames, _ = render(EVAL_PROMPTS[0].spec, 1)
     mask = np.asarray(object_mask(jnp.asarray(frames[0])))[..., 0]
     r = 0.11 * 64  # the prompt's red circle of radius 0.11 at the centre
@@ -118,8 +118,6 @@ def test_config_rejects_bad_values(kwargs):
 
 
 def test_short_run_exports_loadable_weights_and_stats(tmp_path, monkeypatch):
-    import vidax.train.vae as stage
-
     monkeypatch.setattr(stage, "latent_stats", _quick_stats(stage.latent_stats))
     ema = train_vae(tmp_path, SMALL)
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
