@@ -34,9 +34,9 @@ import numpy as np
 
 from vidax.data import EVAL_PROMPTS
 from vidax.data.shapes import render
-from vidax.pipeline import ASSETS
+from vidax.models.registry import ASSETS
+from vidax.models.weights import load_folder
 from vidax.text.hashed import HashedTextEmbedder
-from vidax.train.command import load_weights
 from vidax.train.dit import forward
 
 SWAP = {"circle": "square", "square": "circle", "triangle": "circle"}
@@ -57,7 +57,7 @@ def main() -> None:
     from vidax.models.registry import get
 
     weights = args.weights or ASSETS / get(args.model).weights
-    model, vae, _ = load_weights(args.model, weights)
+    model, vae, _ = load_folder(get(args.model), weights)
     embed = HashedTextEmbedder(dim=model.config.text_dim, text_len=model.config.text_len)
     frames = 33
 

@@ -60,6 +60,7 @@ from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import choose_impl
+from vidax.text import fit_prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -643,7 +644,7 @@ def wan_model(ctx: Context, name: str) -> tuple[ModelSpec, tuple[int, int, int]]
     if ctx.smoke:
         spec = dataclasses.replace(spec, config=SMOKE_CONFIGS[name])
         frames, height, width = SMOKE_VIDEOS[name]
-    return spec, pipeline.geometry(spec).latent_shape(frames, height, width)[:3]
+    return spec, spec.geometry().latent_shape(frames, height, width)[:3]
 
 
 def _digest(config) -> str:
@@ -710,10 +711,9 @@ def sampling_inputs(spec: ModelSpec, latent):
 
 
 def vidax_conditioning(spec: ModelSpec, prompt: np.ndarray, negative: np.ndarray):
-    family = pipeline.adapter(spec)
+    family = pipeline.Adapter.of(spec)
     return tuple(
-        family.conditioning(spec, pipeline.fit_prompt_embeds(spec, e), GUIDANCE)
-        for e in (prompt, negative)
+        family.conditioning(fit_prompt_embeds(spec, e), GUIDANCE) for e in (prompt, negative)
     )
 
 

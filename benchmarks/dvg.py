@@ -33,9 +33,10 @@ from flax import nnx
 
 from vidax import dvg, metrics, pipeline
 from vidax.data import EVAL_PROMPTS
-from vidax.metrics.harness import TABLE_METRICS
+from vidax.eval.harness import TABLE_METRICS
 from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
+from vidax.text import embed_prompts
 
 FIXED = ("spatial", "temporal", "joint")
 # Metrics where the full output is the reference: compared as "within 3% of full".
@@ -92,15 +93,12 @@ def plan_flops(spec_name: str, p: dvg.Plan, batch: int) -> float:
 
 def _load(spec, args):
     """The DiT and VAE: --transformer / --vae safetensors files, else the shipped weights."""
-    if args.transformer:
-        transformer = spec.loader(args.transformer, spec.config)
-    else:
-        transformer = pipeline.load_transformer(spec, None)
+    transformer = spec.loader(args.transformer, spec.config) if args.transformer else spec.load()
     if args.vae:
         vae_spec = get_vae(spec.vae)
         vae = vae_spec.loader(args.vae, vae_spec.config)
     else:
-        vae = pipeline.load_vae(spec, None)
+        vae = spec.load_vae()
     return transformer, vae
 
 
@@ -116,16 +114,16 @@ def run_tiny(args) -> None:
     height, width = args.height or d.height, args.width or d.width
     steps, shift = args.steps or d.steps, args.shift or d.shift
     guidance = d.guidance if args.guidance is None else args.guidance
-    latent = pipeline.geometry(spec).latent_shape(frames, height, width)
+    latent = spec.geometry().latent_shape(frames, height, width)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         transformer, vae = _load(spec, args)
     random_weights = [str(w.message) for w in caught if "random" in str(w.message)]
-    family = pipeline.adapter(spec)
+    family = pipeline.Adapter.of(spec)
     solver = d.solver(sampler=args.sampler, steps=steps, shift=shift)
     few_steps = max(1, round(steps * args.budget))
     few_solver = d.solver(sampler=args.sampler, steps=few_steps, shift=shift)
-    cfg_batch = 1 if family.embedded_guidance(spec) else 2
+    cfg_batch = 1 if family.embedded_guidance else 2
     # dvg runs under the preset's policy (as `pipeline.generate` does); the fixed families as asked
     dvg_policy = dvg.Policy(spatial=spec.dvg_spatial)
     prompts = _spread(EVAL_PROMPTS, args.prompts)
@@ -141,15 +139,13 @@ def run_tiny(args) -> None:
     )
 
     def conditioning(prompt):
-        text = pipeline.embed_prompts(spec, [prompt.caption])
-        neg = pipeline.embed_prompts(spec, [""])
-        cond = family.conditioning(spec, text, guidance)
-        negative = (
-            None if family.embedded_guidance(spec) else family.conditioning(spec, neg, guidance)
-        )
+        text = embed_prompts(spec, [prompt.caption])
+        neg = embed_prompts(spec, [""])
+        cond = family.conditioning(text, guidance)
+        negative = None if family.embedded_guidance else family.conditioning(neg, guidance)
         return cond, negative
 
-    cfg = 1.0 if family.embedded_guidance(spec) else guidance
+    cfg = 1.0 if family.embedded_guidance else guidance
     budgets = {m: args.budget for m in ("dvg", *FIXED)}
     # A fixed family that cannot reach the budget on this latent runs at its cheapest schedule.
     for m in FIXED:
@@ -350,12 +346,12 @@ def run_calibration(args) -> None:
     height, width = args.height or d.height, args.width or d.width
     steps, shift = args.steps or d.steps, args.shift or d.shift
     guidance = d.guidance if args.guidance is None else args.guidance
-    latent = pipeline.geometry(spec).latent_shape(frames, height, width)
+    latent = spec.geometry().latent_shape(frames, height, width)
     transformer, vae = _load(spec, args)
-    family = pipeline.adapter(spec)
+    family = pipeline.Adapter.of(spec)
     solver = d.solver(sampler=args.sampler, steps=steps, shift=shift)
     patch = tuple(spec.config.patch_size)
-    cfg = 1.0 if family.embedded_guidance(spec) else guidance
+    cfg = 1.0 if family.embedded_guidance else guidance
     first = dvg.probe_stage(latent[:3], patch, steps)
     probe_plan = dvg.plan(
         dvg.Schedule.of([first, (1, 1, steps - first.steps)]), latent[:3], patch, solver
@@ -364,12 +360,10 @@ def run_calibration(args) -> None:
     rows = []
     for i in range(args.calibrate):
         clip = sample_spec(50_000 + i)
-        text = pipeline.embed_prompts(spec, [caption(clip)])
-        neg = pipeline.embed_prompts(spec, [""])
-        cond = family.conditioning(spec, text, guidance)
-        negative = (
-            None if family.embedded_guidance(spec) else family.conditioning(spec, neg, guidance)
-        )
+        text = embed_prompts(spec, [caption(clip)])
+        neg = embed_prompts(spec, [""])
+        cond = family.conditioning(text, guidance)
+        negative = None if family.embedded_guidance else family.conditioning(neg, guidance)
         noise = jax.random.normal(jax.random.key(50_000 + i), (1, *latent), jnp.float32)
         full = pipeline.denoise(transformer, noise, cond, negative, solver=solver, guidance=cfg)
         ref = _unit(pipeline.decode(vae, full)[0])
@@ -419,10 +413,10 @@ def run_large(args) -> None:
     for name in ("wan2.1-1.3b", "hunyuanvideo"):
         spec = get(name)
         d = spec.defaults
-        latent = pipeline.geometry(spec).latent_shape(d.num_frames, d.height, d.width)[:3]
+        latent = spec.geometry().latent_shape(d.num_frames, d.height, d.width)[:3]
         patch = tuple(spec.config.patch_size)
         solver = d.solver()
-        batch = 1 if pipeline.adapter(spec).embedded_guidance(spec) else 2
+        batch = 1 if pipeline.Adapter.of(spec).embedded_guidance else 2
         full = d.steps * hlo_step_flops(name, latent, batch)
         print(
             f"  {name}: {d.num_frames} frames {d.height}x{d.width} -> latent {latent}, "

@@ -34,6 +34,8 @@ from vidax import pipeline
 from vidax.data import EVAL_PROMPTS
 from vidax.dvg.transition import axis_operators, downsample, positions
 from vidax.models.registry import get
+from vidax.models.weights import load_text_encoder
+from vidax.text import embed_prompts
 
 GRIDS = {"time /2": (2, 1), "space /2": (1, 2), "space /4": (1, 4)}
 SIGMAS = (0.95, 0.8, 0.6, 0.4)
@@ -63,13 +65,13 @@ def main() -> None:
     spec = get(args.model)
     text_encoder = None
     if args.weights is not None:
-        from vidax.train.command import load_weights
+        from vidax.models.weights import load_folder
 
-        transformer, _, text_encoder = load_weights(args.model, args.weights)
+        transformer, _, text_encoder = load_folder(get(args.model), args.weights)
     else:
-        transformer = pipeline.load_transformer(spec, None)
+        transformer = spec.load()
         if spec.text_config is not None:
-            text_encoder = pipeline.load_text_encoder(spec)
+            text_encoder = load_text_encoder(spec)
     patch = spec.config.patch_size
 
     @jax.jit
@@ -89,7 +91,7 @@ def main() -> None:
         )
         clean = jnp.asarray(video.latents)
         latent = tuple(clean.shape[1:4])
-        context = pipeline.embed_prompts(spec, [prompt.caption], text_encoder=text_encoder).embeds
+        context = embed_prompts(spec, [prompt.caption], text_encoder=text_encoder).embeds
         eps = jax.random.normal(jax.random.key(i), clean.shape, jnp.float32)
         full_grid = tuple(n // p for n, p in zip(latent, patch, strict=True))
         full_pos = jnp.asarray(positions(full_grid, (1, 1), patch))

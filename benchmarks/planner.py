@@ -37,9 +37,9 @@ MODELS = ("wan2.1-1.3b", "wan2.1-14b")
 
 
 def maxdiffusion_candidate(num_devices: int):
-    from vidax.planner import Candidate
+    from vidax.planner import ShardingCandidate
 
-    return Candidate(batch=1, seq=num_devices, tensor=1, sequence="gather", weights="fsdp")
+    return ShardingCandidate(batch=1, seq=num_devices, tensor=1, sequence="gather", weights="fsdp")
 
 
 def xla_time(compiled, chip) -> float:

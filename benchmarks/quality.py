@@ -1,6 +1,6 @@
 """Quality of the shipped tiny model on the fixed prompt set, and how sampling settings move it.
 
-Runs `vidax.metrics.harness.evaluate_prompts` on `vidax.data.EVAL_PROMPTS` x seeds with the
+Runs `vidax.eval.harness.evaluate_prompts` on `vidax.data.EVAL_PROMPTS` x seeds with the
 shipped weights (one load, reused), prints the metric table (mean ± std) with the rendered
 ground truth and its VAE round trip as reference columns, and writes the contact sheet. With
 `--sweep`, it then scores a few sampler settings side by side on the same prompts and seeds and
@@ -18,9 +18,8 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from vidax import pipeline
 from vidax.data import EVAL_PROMPTS
-from vidax.metrics.harness import evaluate_prompts, format_table, write_report
+from vidax.eval.harness import evaluate_prompts, format_table, write_report
 from vidax.models.registry import get
 
 SWEEP = (
@@ -43,8 +42,8 @@ def main() -> None:
     args = parser.parse_args()
 
     spec = get(args.model)
-    transformer = pipeline.load_transformer(spec, None)
-    vae = pipeline.load_vae(spec, None)
+    transformer = spec.load()
+    vae = spec.load_vae()
     prompts = EVAL_PROMPTS[: args.prompts]
     report = evaluate_prompts(
         args.model,

@@ -33,11 +33,12 @@ import jax
 import numpy as np
 
 from vidax.data import EVAL_PROMPTS
-from vidax.forcing import ChunkStepper, generate_latents
-from vidax.forcing.presets import get, load_causal
+from vidax.forcing import ChunkStepper, generate_latents, load_causal
 from vidax.metrics import motion_fidelity, subject_consistency, temporal_flicker
+from vidax.models.registry import get_causal as get
 from vidax.models.registry import get_vae
-from vidax.pipeline import embed_prompts, geometry, load_vae
+from vidax.models.weights import load_vae
+from vidax.text import embed_prompts
 
 LENGTHS = (("short", 1), ("4x", 4), ("12x", 12))
 METRICS = ("subject_consistency", "temporal_flicker", "motion_fidelity")
@@ -121,7 +122,7 @@ def main() -> None:
     preset = get(args.model)
     spec = preset.spec
     d = spec.defaults
-    geo = geometry(spec)
+    geo = spec.geometry()
     _, h, w, c = geo.latent_shape(1, d.height, d.width)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -28,7 +28,7 @@ from vidax.data import EVAL_PROMPTS, random_eval_prompts
 from vidax.data.shapes import render
 from vidax.metrics import evaluate, psnr
 from vidax.models import wan_vae
-from vidax.pipeline import ASSETS
+from vidax.models.registry import ASSETS
 
 
 def load(folder: Path | None):

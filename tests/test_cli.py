@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from vidax.checkpoint import open_checkpoint, save_file
 from vidax.cli import app
-from vidax.pipeline import ASSETS
+from vidax.models.registry import ASSETS
 from vidax.video import read_video
 
 runner = CliRunner()
@@ -126,6 +126,7 @@ def test_acceleration_plan_and_stream_flags_validate(args, message, tmp_path):
         (["--negative-prompt", "blur"], "--negative-prompt does"),
         (["--checkpoint", "w.safetensors", "--plan", "plan.json"], "--checkpoint, --plan do"),
         (["--prompt-embeds", "e.npy"], "--prompt-embeds does"),
+        (["--lora", "style.safetensors"], "--lora does"),
     ],
 )
 def test_flags_a_causal_model_ignores_are_errors(args, flags, tmp_path):
@@ -248,6 +249,39 @@ def test_generate_writes_raw_outputs_and_pngs(tmp_path):
     np.testing.assert_allclose(raw["latents"], video.latents, atol=1e-6)
     assert sorted(p.name for p in pngs.iterdir())[:2] == ["frame_0000.png", "frame_0001.png"]
     assert len(list(pngs.iterdir())) == 5
+
+
+def test_lora_merges_into_the_transformer_at_its_scale(tmp_path):
+    from vidax import pipeline
+    from vidax.models import get
+
+    dim = get("tiny").config.dim
+    rng = np.random.default_rng(0)
+    lora = tmp_path / "style.safetensors"
+    save_file(
+        {
+            "transformer.blocks.0.attn1.to_q.lora_A.weight": rng.normal(size=(4, dim)),
+            "transformer.blocks.0.attn1.to_q.lora_B.weight": rng.normal(size=(dim, 4)),
+        },
+        lora,
+    )
+    args = ["generate", "--prompt", "a red circle", *SMALL, "--steps", "2"]
+
+    def latents(*flags):
+        out = tmp_path / f"{len(list(tmp_path.iterdir()))}.npz"
+        result = runner.invoke(app, [*args, "--out", str(out), *flags])
+        assert result.exit_code == 0, result.output
+        return np.load(out)["latents"]
+
+    plain, off, on = latents(), latents("--lora", f"{lora}:0"), latents("--lora", str(lora))
+    np.testing.assert_array_equal(plain, off)  # scale 0 adds nothing
+    assert np.abs(on - plain).max() > 1e-3
+    video = pipeline.generate(
+        "tiny", "a red circle", num_frames=5, height=32, width=32, steps=2, lora=[lora]
+    )
+    np.testing.assert_allclose(on, video.latents, atol=1e-6)
+    missing = runner.invoke(app, [*args, "--lora", str(tmp_path / "none.safetensors")])
+    _one_error_line(missing, "LoRA not found")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,14 @@ from flax import nnx
 from vidax import pipeline, sampling
 from vidax.checkpoint import CheckpointError, open_checkpoint, save_file, save_model
 from vidax.models import get, get_vae, wan, wan_vae
-from vidax.pipeline import RandomWeightsWarning
+from vidax.models.weights import (
+    RandomWeightsWarning,
+    load_text_encoder,
+    load_transformer,
+    load_vae,
+    missing_weights,
+)
+from vidax.text import embed_prompts, load_prompt_embeds
 
 SMALL = dict(num_frames=5, height=32, width=32, steps=2)
 
@@ -44,7 +52,7 @@ def test_generate_from_a_checkpoint_folder(tiny, checkpoint_dir):
     video = pipeline.generate("tiny", prompt="a red circle", checkpoint=checkpoint_dir, **SMALL)
     assert video.frames.shape == (5, 32, 32, 3) and video.frames.dtype == np.float32
     assert video.frames.min() >= 0.0 and video.frames.max() <= 1.0
-    assert video.latents.shape == (1, *pipeline.geometry(spec).latent_shape(5, 32, 32))
+    assert video.latents.shape == (1, *spec.geometry().latent_shape(5, 32, 32))
     same = pipeline.generate("tiny", prompt="a red circle", transformer=model, vae=vae, **SMALL)
     np.testing.assert_allclose(video.latents, same.latents, atol=1e-5)
 
@@ -70,12 +78,12 @@ def test_seed_prompt_and_guidance_change_the_output(tiny):
 
 def test_precomputed_embeddings_equal_the_prompt_path(tiny, tmp_path):
     spec, model, _ = tiny
-    text = pipeline.embed_prompts(spec, ["a red circle"])
+    text = embed_prompts(spec, ["a red circle"])
     path = tmp_path / "embeds.safetensors"
     save_file(
         {"prompt_embeds": np.asarray(text.embeds), "prompt_mask": np.asarray(text.mask)}, path
     )
-    embeds, negative = pipeline.load_prompt_embeds(path, spec)
+    embeds, negative = load_prompt_embeds(path, spec)
     assert negative is None
     a = pipeline.generate(
         "tiny", prompt="a red circle", transformer=model, decode_frames=False, **SMALL
@@ -85,7 +93,7 @@ def test_precomputed_embeddings_equal_the_prompt_path(tiny, tmp_path):
     )
     np.testing.assert_allclose(a.latents, b.latents, atol=1e-5)
     np.save(tmp_path / "e.npy", np.asarray(text.embeds[0]))
-    npy, _ = pipeline.load_prompt_embeds(tmp_path / "e.npy", spec)
+    npy, _ = load_prompt_embeds(tmp_path / "e.npy", spec)
     np.testing.assert_array_equal(npy.mask, text.mask)  # zero rows count as padding
 
 
@@ -119,7 +127,7 @@ def test_umt5_text_encoder_from_the_checkpoint_folder(tiny, checkpoint_dir, tmp_
 
     video = pipeline.generate(spec, prompt="a red cube", checkpoint=root, **SMALL)
     assert video.frames.shape == (5, 32, 32, 3)
-    text = pipeline.embed_prompts(spec, ["a red cube"], root)
+    text = embed_prompts(spec, ["a red cube"], root)
     assert text.mask.sum() == 4  # "a red cube" + EOS
     other = pipeline.generate(
         spec, prompt="a blue sphere", checkpoint=root, decode_frames=False, **SMALL
@@ -134,7 +142,7 @@ def test_hunyuan_families_share_the_loop(name):
         video = pipeline.generate(
             name, prompt="a red circle", decode_frames=False, random_weights=True, **SMALL
         )
-    assert video.latents.shape == (1, *pipeline.geometry(spec).latent_shape(5, 32, 32))
+    assert video.latents.shape == (1, *spec.geometry().latent_shape(5, 32, 32))
     assert np.isfinite(video.latents).all()
 
 
@@ -184,9 +192,9 @@ def test_missing_weights_are_an_error_unless_random_weights_are_asked_for():
     with pytest.raises(CheckpointError, match="transformer, VAE \\(shapes\\) and text encoder"):
         pipeline.generate(spec, prompt="x", **SMALL)
     loaders = {
-        "transformer": lambda **kw: pipeline.load_transformer(spec, None, **kw),
-        "VAE": lambda **kw: pipeline.load_vae(spec, None, **kw),
-        "text encoder": lambda **kw: pipeline.load_text_encoder(spec, **kw),
+        "transformer": lambda **kw: load_transformer(spec, None, **kw),
+        "VAE": lambda **kw: load_vae(spec, None, **kw),
+        "text encoder": lambda **kw: load_text_encoder(spec, **kw),
     }
     for part, load in loaders.items():
         with pytest.raises(CheckpointError, match=f"'tiny-v2' has no weights for its {part}"):
@@ -194,7 +202,7 @@ def test_missing_weights_are_an_error_unless_random_weights_are_asked_for():
         with pytest.warns(RandomWeightsWarning, match=f"runs its {part} on random"):
             assert load(random_weights=True) is not None
     # Given parts are not missing: only the VAE is, and decode_frames=False needs none.
-    assert pipeline.missing_weights(spec, transformer=False, text_encoder=False) == ["VAE"]
+    assert missing_weights(spec, transformer=False, text_encoder=False) == ["VAE"]
     model = spec.build(seed=0)
     with pytest.raises(CheckpointError, match="no weights for its text encoder \\(WordEncoder"):
         pipeline.generate(spec, prompt="x", transformer=model, decode_frames=False, **SMALL)
@@ -229,26 +237,48 @@ def test_non_finite_latents_name_the_first_step_that_made_them():
         pipeline.denoise(_BlowsUp(), noise, {}, None, solver=solver, guidance=1.0)
 
 
-def test_a_fresh_progress_callback_compiles_nothing_new():
+@pytest.mark.parametrize("model", ["tiny", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny"])
+def test_a_fresh_progress_callback_compiles_nothing_new(model):
     # Compiled samplers are cached on static values; a new `on_step` (a progress bar, a lambda)
-    # used to be part of the key, so every CLI-style call compiled the whole loop again.
+    # or a per-call `model_input` used to be part of the key, so every CLI-style call compiled
+    # the whole loop again.
     from vidax.pipeline import _compiled_loop
 
     kw = dict(num_frames=5, height=32, width=32, steps=3, decode_frames=False)
+    kw |= dict(random_weights=True) if model != "tiny" else {}
     first, second = [], []
-    pipeline.generate("tiny", "a red circle", on_step=first.append, **kw)
-    misses = _compiled_loop.cache_info().misses
-    video = pipeline.generate("tiny", "a red circle", on_step=second.append, **kw)
-    assert _compiled_loop.cache_info().misses == misses
-    assert first == second == [0, 1, 2]
-    quiet = pipeline.generate("tiny", "a red circle", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomWeightsWarning)
+        pipeline.generate(model, "a red circle", on_step=first.append, **kw)
+        misses = _compiled_loop.cache_info().misses
+        video = pipeline.generate(model, "a red circle", on_step=second.append, **kw)
+        assert _compiled_loop.cache_info().misses == misses
+        assert first == second == [0, 1, 2]
+        quiet = pipeline.generate(model, "a red circle", **kw)
     np.testing.assert_array_equal(video.latents, quiet.latents)
 
 
-def test_hunyuan15_model_input_is_equal_across_calls():
-    from vidax.pipeline import _ModelInput, adapter
+def test_a_second_dvg_generate_compiles_nothing_new():
+    # DVG's stage programs are cached on the same static values (HunyuanVideo-1.5: with its
+    # condition-channel `model_input`).
+    from vidax.dvg import sampler
 
-    spec = get("hunyuanvideo1.5-tiny")
-    fn = adapter(spec).model_input
-    assert _ModelInput(fn, spec) == _ModelInput(fn, spec)
-    assert hash(_ModelInput(fn, spec)) == hash(_ModelInput(fn, spec))
+    kw = dict(num_frames=9, height=64, width=64, steps=4, decode_frames=False)
+    kw |= dict(random_weights=True, accel="temporal", budget=0.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", on_step=print, **kw)
+        misses = sampler._compiled.cache_info().misses
+        second = pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", on_step=print, **kw)
+    assert sampler._compiled.cache_info().misses == misses
+    np.testing.assert_array_equal(first.latents, second.latents)
+
+
+def test_adapters_are_equal_across_calls():
+    # Equal adapters hash equal: they are part of the compiled programs' cache keys.
+    for name in ("tiny", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny"):
+        spec = get(name)
+        a, b = pipeline.Adapter.of(spec), pipeline.Adapter.of(spec)
+        assert a.model_input == b.model_input and hash(a.model_input) == hash(b.model_input)
+    assert pipeline.Adapter.of(get("hunyuanvideo1.5-tiny")).model_input is not None
+    assert pipeline.Adapter.of(get("tiny")).model_input is None

@@ -17,7 +17,7 @@ from vidax.models import get
 @pytest.fixture(scope="module")
 def shipped():
     spec = get("tiny")
-    return spec, pipeline.load_transformer(spec, None), pipeline.load_vae(spec, None)
+    return spec, spec.load(), spec.load_vae()
 
 
 def test_vae_round_trip_keeps_the_objects_over_a_whole_clip(shipped):

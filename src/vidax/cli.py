@@ -59,18 +59,18 @@ def _stderr():
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    from vidax.pipeline import RandomWeightsWarning
+    from vidax.models.weights import RandomWeightsWarning
 
     style = "bold red" if issubclass(category, RandomWeightsWarning) else "yellow"
     _stderr().print(f"[{style}]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
-def _report_user_errors(typer_app: typer.Typer) -> None:
+def report_user_errors(typer_app: typer.Typer) -> None:
     """Wraps every command of `typer_app` (and of its sub-apps) in `user_errors`."""
     for info in typer_app.registered_commands:
         info.callback = user_errors(info.callback)
     for group in typer_app.registered_groups:
-        _report_user_errors(group.typer_instance)
+        report_user_errors(group.typer_instance)
 
 
 def parse_overrides(config, overrides: list[str]):
@@ -229,12 +229,23 @@ def generate(
             "the output is noise (tests, timing)."
         ),
     ] = False,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lora",
+            help="LoRA safetensors merged into the transformer (diffusers/PEFT or ComfyUI keys): "
+            "FILE[:SCALE], repeatable; the scale defaults to 1.",
+        ),
+    ] = None,
 ) -> None:
     """Generate a video and write it as mp4 (or .npz: raw frames, latents, initial noise)."""
     import numpy as np
 
     from vidax import pipeline
-    from vidax.forcing.command import is_causal
+    from vidax.models import is_causal
+    from vidax.models.lora import LoraSpec
+    from vidax.models.weights import resolve_spec, with_vae
+    from vidax.text import load_prompt_embeds
     from vidax.video import write_frames, write_video
 
     console = _stderr()
@@ -263,6 +274,7 @@ def generate(
             "--fps": fps is not None,
             "--save-frames": save_frames is not None,
             "--out *.npz": out.suffix == ".npz",
+            "--lora": bool(lora),
         }
         given = [flag for flag, used in ignored.items() if used]
         if given:
@@ -279,18 +291,23 @@ def generate(
         _stream(model, prompt, out, frames, height, width, seed, set_, random_weights)
         return
     accel_options = dvg_options(accel, budget)
+    loras = [LoraSpec.parse(text) for text in lora or ()]
+    for item in loras:  # before anything loads
+        if not item.path.is_file():
+            raise FileNotFoundError(f"LoRA not found: {item.path}")
+        console.print(f"LoRA {item.path.name} x{item.scale:g}", highlight=False)
     if checkpoint is not None and not checkpoint.exists():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    spec = pipeline.resolve_spec(model, checkpoint)
+    spec = resolve_spec(model, checkpoint)
     if vae is not None:
-        spec = pipeline.with_vae(spec, vae)
+        spec = with_vae(spec, vae)
     if set_:
         spec = dataclasses.replace(spec, config=parse_overrides(spec.config, set_))
     if checkpoint is not None and _has_configs(checkpoint):
         console.print(_describe(spec), highlight=False, soft_wrap=True)
     embeds = negative = None
     if prompt_embeds is not None:
-        embeds, negative = pipeline.load_prompt_embeds(prompt_embeds, spec)
+        embeds, negative = load_prompt_embeds(prompt_embeds, spec)
     elif prompt is None:
         raise ValueError("give --prompt or --prompt-embeds")
     mesh = strategy = None
@@ -321,6 +338,7 @@ def generate(
             strategy=strategy,
             on_step=bar.step,
             random_weights=random_weights,
+            lora=loras,
             **accel_options,
         )
     if video.frames is None:
@@ -364,8 +382,8 @@ def _describe(spec) -> str:
 
 def _stream(model, prompt, out, frames, height, width, seed, set_, random_weights) -> None:
     """`vidax generate` for causal (autoregressive) models; `--set` edits the `ForcingConfig`."""
-    from vidax.forcing.command import is_causal, stream_generate
-    from vidax.forcing.presets import get as get_causal
+    from vidax.forcing.command import stream_generate
+    from vidax.models import get_causal, is_causal
 
     if not is_causal(model):
         raise ValueError(f"--stream needs a causal model (e.g. tiny-causal), not {model!r}")
@@ -399,21 +417,21 @@ def _stream(model, prompt, out, frames, height, width, seed, set_, random_weight
 @app.command("models")
 def list_models() -> None:
     """List model presets (causal ones too): sizes, parts, and whether weights ship with vidax."""
-    from vidax import models, pipeline
-    from vidax.forcing.presets import PRESETS as CAUSAL
+    from vidax import models
+    from vidax.models.weights import missing_weights
 
     rows = []
-    for name in sorted([*models.names(), *CAUSAL]):
-        if name in CAUSAL:
-            preset = CAUSAL[name]
+    for name in models.names():
+        if models.is_causal(name):
+            preset = models.get_causal(name)
             spec, family, frames = preset.spec, f"{preset.spec.family} causal", preset.num_frames
             shipped = all(preset.weights_path(a) for a in ("dense", "sparse")) and not (
-                pipeline.missing_weights(spec, transformer=False)
+                missing_weights(spec, transformer=False)
             )
         else:
             spec = models.get(name)
             family, frames = spec.family, spec.defaults.num_frames
-            shipped = not pipeline.missing_weights(spec)
+            shipped = not missing_weights(spec)
         d = spec.defaults
         rows.append(
             (
@@ -475,14 +493,17 @@ def _options(
 
 def _register_subcommands() -> None:
     """Commands implemented beside their subsystems (each keeps heavy imports lazy)."""
+    from vidax.eval.command import register as register_eval
+    from vidax.forcing.train_command import register as register_causal
     from vidax.planner.command import register as register_plan
     from vidax.serve.command import register as register_serve
     from vidax.train.command import register as register_train
 
     register_plan(app)
     register_serve(app)
-    register_train(app)
-    _report_user_errors(app)
+    register_causal(register_train(app))
+    register_eval(app)
+    report_user_errors(app)
 
 
 _register_subcommands()

@@ -13,6 +13,7 @@ from vidax import dvg, pipeline
 from vidax.models.registry import get
 from vidax.sampling import FlowEuler, UniPC
 from vidax.sharding import make_mesh, param_shardings, use_mesh
+from vidax.text import embed_prompts
 
 LATENT = (5, 8, 8)
 GUIDANCE = 4.0
@@ -48,9 +49,9 @@ def toy(tiny):
 def tiny():
     spec = get("tiny")
     model = spec.build(seed=0)
-    family = pipeline.adapter(spec)
-    cond = family.conditioning(spec, pipeline.embed_prompts(spec, ["a red circle"]), GUIDANCE)
-    negative = family.conditioning(spec, pipeline.embed_prompts(spec, [""]), GUIDANCE)
+    family = pipeline.Adapter.of(spec)
+    cond = family.conditioning(embed_prompts(spec, ["a red circle"]), GUIDANCE)
+    negative = family.conditioning(embed_prompts(spec, [""]), GUIDANCE)
     channels = spec.config.in_channels
     noise = jax.random.normal(jax.random.key(0), (1, *LATENT, channels), jnp.float32)
     return model, cond, negative, noise

@@ -11,8 +11,9 @@ from flax import nnx
 from tests.forcing.conftest import SMALL
 
 from vidax.forcing import ForcingConfig, StreamDecoder
-from vidax.forcing.command import is_causal, stream_generate
-from vidax.forcing.presets import CausalPreset, get
+from vidax.forcing.command import stream_generate
+from vidax.models.registry import CausalPreset, is_causal
+from vidax.models.registry import get_causal as get
 from vidax.models.wan_vae import PRESETS as VAE_PRESETS
 from vidax.models.wan_vae import WanVAE
 from vidax.video import read_video
@@ -108,9 +109,9 @@ def test_tiny_causal_decodes_with_the_vae_it_was_trained_on():
 
     from safetensors.numpy import load_file
 
-    from vidax.forcing.presets import ASSETS
+    from vidax.models.registry import ASSETS
     from vidax.models.registry import get as get_model
-    from vidax.pipeline import load_vae
+    from vidax.models.weights import load_vae
 
     preset = get("tiny-causal")
     assert preset.spec.vae == "shapes-v1" and preset.spec.weights == "tiny-causal"

@@ -1,4 +1,4 @@
-"""`vidax plan` through typer's CliRunner (on a private app: the CLI registers it itself)."""
+"""`vidax plan` through typer's CliRunner (on a private app wired as the CLI wires it)."""
 
 import dataclasses
 
@@ -7,7 +7,8 @@ import typer
 from tests.planner._tiny import TINY_WORKLOAD_ARGS
 from typer.testing import CliRunner
 
-from vidax.planner import Plan, Workload, load_plan, register
+from vidax.cli import report_user_errors
+from vidax.planner import ShardingPlan, Workload, load_plan, register
 
 
 @pytest.fixture
@@ -19,6 +20,7 @@ def app():
     def noop():
         pass
 
+    report_user_errors(app)  # one `error:` line and exit code 2, as in `vidax`
     return app
 
 
@@ -35,7 +37,7 @@ def test_plan_command_prints_a_table_and_writes_plan_json(app, tmp_path, tpu_top
     assert "  compiled " in result.output
     assert f"AoiZora plan: {workload.describe()} on v5e:2x2" in result.output
     assert "step ms" in result.output and f"wrote {out}" in result.output
-    plan = Plan.load(out)
+    plan = ShardingPlan.load(out)
     assert plan.topology == "v5e:2x2" and plan.model == "tiny"
     assert plan.workload == dataclasses.asdict(workload)
     mesh, strategy = load_plan(out)
@@ -44,7 +46,7 @@ def test_plan_command_prints_a_table_and_writes_plan_json(app, tmp_path, tpu_top
     # A second run finds the compiled candidate in the cache and makes the same plan.
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "from the cache" in again.output
-    assert Plan.load(out) == plan
+    assert ShardingPlan.load(out) == plan
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from flax import nnx
 from tests.planner._tiny import TINY_WORKLOAD_ARGS
 
 from vidax.models import get
-from vidax.planner import Plan, Workload, load_plan, realize_plan
+from vidax.planner import ShardingPlan, Workload, load_plan, realize_plan
 from vidax.sharding.rules import param_shardings, use_mesh
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
@@ -51,9 +51,9 @@ def _sharded(mesh, strategy, inputs):
     return np.asarray(out), compiled.as_text()
 
 
-def _plan(strategy: str, axis_names, mesh_shape) -> Plan:
+def _plan(strategy: str, axis_names, mesh_shape) -> ShardingPlan:
     n = math.prod(mesh_shape)
-    return Plan(
+    return ShardingPlan(
         model="tiny",
         workload=dataclasses.asdict(WORKLOAD),
         topology="v5e:2x4",

@@ -8,9 +8,9 @@ from tests.planner._tiny import TINY_WORKLOAD_ARGS
 
 from vidax.planner import (
     CHIPS,
-    Candidate,
     Estimate,
-    Plan,
+    ShardingCandidate,
+    ShardingPlan,
     Workload,
     enumerate_candidates,
     estimate_candidate,
@@ -58,7 +58,7 @@ def test_candidates_obey_divisibility(workload, chips, ulysses):
 
 
 def test_candidate_names_and_padding():
-    c = Candidate(batch=2, seq=8, tensor=1, sequence="ring", weights="fsdp")
+    c = ShardingCandidate(batch=2, seq=8, tensor=1, sequence="ring", weights="fsdp")
     assert c.axis_names == ("fsdp", "seq", "tensor") and c.mesh_shape == (2, 8, 1)
     assert c.name == "sp-ring+fsdp [f2xs8xt1]" and c.strategy.ring
     assert c.padded_tokens(60) == 64 and c.padded_tokens(64) == 64
@@ -72,7 +72,7 @@ def test_no_candidate_for_the_chip_count_raises_with_numbers():
 
 
 def _estimate(name, compute, comm, memory):
-    candidate = Candidate(batch=1, seq=4, tensor=1, sequence=name, weights="replicated")
+    candidate = ShardingCandidate(batch=1, seq=4, tensor=1, sequence=name, weights="replicated")
     return Estimate(
         candidate=candidate,
         flops=0.0,
@@ -127,7 +127,7 @@ def test_stage1_matches_the_compiled_program(tpu_topology):
     memory are close."""
     topo = tpu_topology("v5e:2x4")
     workload = Workload(**TINY_WORKLOAD_ARGS)
-    candidate = Candidate(batch=2, seq=4, tensor=1, sequence="ring", weights="replicated")
+    candidate = ShardingCandidate(batch=2, seq=4, tensor=1, sequence="ring", weights="replicated")
     est = estimate_candidate(workload, candidate, topo.devices, topo.chip)
     compiled = compile_candidate(workload, candidate, topo, est)
     hlo = compiled.analysis.collective_bytes()
@@ -159,7 +159,7 @@ def test_search_ranks_compiles_few_and_writes_a_plan(tiny_search, tmp_path):
 
     best = result.best_plan()
     path = best.save(tmp_path / "plan.json")
-    assert Plan.load(path) == best
+    assert ShardingPlan.load(path) == best
     assert best.mesh_shape == result.best.candidate.mesh_shape
     assert [tuple(result.topology.coords[c]) for c in best.chips] == list(best.coords)
     assert math.prod(best.mesh_shape) == 8 and best.estimate["step_s"] > 0
@@ -172,7 +172,7 @@ def test_search_bad_input():
         plan(workload, "v5e:3x3")
     with pytest.raises(ValueError, match="unknown TPU generation 'tpu9'"):
         plan(workload, "tpu9:2x2")
-    wrong = Candidate(batch=2, seq=2, tensor=1, sequence="ring", weights="replicated")
+    wrong = ShardingCandidate(batch=2, seq=2, tensor=1, sequence="ring", weights="replicated")
     with pytest.raises(ValueError, match="uses 4 chips, v5e:2x4 has 8"):
         plan(workload, "v5e:2x4", candidates=[wrong])
 

@@ -15,7 +15,6 @@ diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from vidax import pipeline  # noqa: E402
 from vidax.cli import app  # noqa: E402
 from vidax.models import (  # noqa: E402
     hunyuan,
@@ -23,6 +22,7 @@ from vidax.models import (  # noqa: E402
     hunyuan15_vae,
     hunyuan_vae,
     pretrained,
+    registry,
     wan,
     wan_vae,
 )
@@ -153,7 +153,7 @@ def test_wan_spec_comes_from_the_configs(wan_pipeline):
     d = spec.defaults
     assert (d.sampler, d.shift, dict(d.solver_options)["order"]) == ("unipc", 3.0, 2)
     # A preset name is only the default for what the configs do not say.
-    assert pretrained.spec_from_checkpoint(root, pipeline.get("wan2.1-14b")).config == spec.config
+    assert pretrained.spec_from_checkpoint(root, registry.get("wan2.1-14b")).config == spec.config
 
 
 def test_vae_and_text_encoder_overrides(wan_pipeline, tmp_path):

@@ -1,4 +1,4 @@
-"""The trained text encoder over hashed word vectors (`vidax.text.encoder`)."""
+"""The trained text encoder over hashed word vectors (`vidax.models.word_encoder`)."""
 
 import dataclasses
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vidax import pipeline
 from vidax.models.registry import get
-from vidax.text.encoder import WordEncoder, WordEncoderConfig, load, save
+from vidax.models.word_encoder import WordEncoder, WordEncoderConfig, load, save
+from vidax.text import embed_prompts
 from vidax.text.hashed import HashedTextEmbedder
 
 CONFIG = WordEncoderConfig(in_dim=16, dim=32, num_layers=2, num_heads=2, ffn_dim=64, text_len=8)
@@ -74,7 +74,7 @@ def test_pipeline_runs_the_encoder_of_a_preset_with_text_config(encoder):
         text_config=CONFIG,
         config=dataclasses.replace(get("tiny-v2").config, text_dim=32, text_len=8),
     )
-    embeds = pipeline.embed_prompts(spec, ["a red circle", ""], text_encoder=encoder)
+    embeds = embed_prompts(spec, ["a red circle", ""], text_encoder=encoder)
     words, mask = _words(["a red circle", ""])
     np.testing.assert_allclose(embeds.embeds, encoder(words, mask), atol=1e-6)
     np.testing.assert_array_equal(embeds.mask, mask)

@@ -11,6 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from vidax.eval.command import register as register_eval
 from vidax.train.command import register
 
 _ENTRY = "import typer; from vidax.train.command import register; app = typer.Typer(); register(app); app()"
@@ -20,6 +21,7 @@ _ENTRY = "import typer; from vidax.train.command import register; app = typer.Ty
 def app():
     app = typer.Typer()
     register(app)
+    register_eval(app)
     return app
 
 
@@ -63,7 +65,7 @@ def test_bad_input_raises_a_clear_error(app, tmp_path, args, message):
 def test_eval_scores_weights_from_a_folder(app, tmp_path):
     import shutil
 
-    from vidax.pipeline import ASSETS
+    from vidax.models.registry import ASSETS
 
     weights = tmp_path / "weights"
     shutil.copytree(ASSETS / "tiny", weights)

@@ -93,7 +93,7 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
     from vidax import pipeline
     from vidax.cli import app
     from vidax.models.registry import get
-    from vidax.train.command import load_weights
+    from vidax.models.weights import load_folder
 
     summary = train_all(tmp_path, PROFILES["smoke"], log=lambda line: None)
     assert summary["vae"]["steps"] == 3 and summary["dit"]["steps"] == 4
@@ -104,7 +104,7 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
     assert len(stats["mean"]) == 8 and min(stats["std"]) > 0
 
     # The folder loads as a model (its latent statistics replace the preset's) and samples.
-    transformer, vae, text = load_weights("tiny-v2", tmp_path)
+    transformer, vae, text = load_folder(get("tiny-v2"), tmp_path)
     assert vae.config.latents_mean == tuple(stats["mean"])
     video = pipeline.generate(
         get("tiny-v2"),

@@ -6,15 +6,13 @@
 - `dense_attention` (Self-Forcing) and `sparse_attention` (gated selected + compressed branches
   over the PBSA kernel).
 - `rollout`, `generate_latents`, `ChunkStepper`, `StreamDecoder`: generation, compiled once.
-- `PRESETS` ("tiny-causal"), `load_causal`; `command.stream_generate` for `vidax generate
+- `load_causal` (presets such as "tiny-causal" are in `vidax.models.registry`); `command.stream_generate` for `vidax generate
   --stream`; `train` for causal initialisation and self-rollout training.
 """
 
 from vidax.forcing.attention import SparseParams, dense_attention, sparse_attention
 from vidax.forcing.cache import KVCache, init_cache, write_chunk
-from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.forcing.model import CausalWan, forward_chunk, forward_full, load, save
-from vidax.forcing.presets import PRESETS, CausalPreset, load_causal
 from vidax.forcing.rollout import (
     ChunkStepper,
     StreamDecoder,
@@ -23,11 +21,11 @@ from vidax.forcing.rollout import (
     sample_chunk,
     stream,
 )
+from vidax.forcing.weights import load_causal
+from vidax.models.causal import CacheLayout, ForcingConfig
 
 __all__ = [
-    "PRESETS",
     "CacheLayout",
-    "CausalPreset",
     "CausalWan",
     "ChunkStepper",
     "ForcingConfig",

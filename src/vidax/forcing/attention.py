@@ -36,8 +36,8 @@ from vidax.forcing.cache import (
     to_blocks,
     token_positions,
 )
-from vidax.forcing.config import CacheLayout
 from vidax.kernels.pbsa import block_means, pbsa
+from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.layers import param
 from vidax.nn.softmax import normalize, softmax_stats

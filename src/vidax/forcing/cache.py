@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from vidax.forcing.config import CacheLayout
+from vidax.models.causal import CacheLayout
 
 
 @dataclasses.dataclass(frozen=True)

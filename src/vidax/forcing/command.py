@@ -1,6 +1,6 @@
 """`vidax generate --model tiny-causal --stream`: write the video chunk by chunk as it is made.
 
-`vidax.cli` calls `stream_generate` for causal presets (`is_causal(model)`), drives its progress
+`vidax.cli` calls `stream_generate` for causal presets (`vidax.models.is_causal(model)`), drives its progress
 bar from `on_chunk`, and reports `ValueError`s as one-line errors:
 
     result = stream_generate("tiny-causal", "a red circle moving right", Path("out.mp4"),
@@ -18,8 +18,12 @@ import jax
 import numpy as np
 
 from vidax.forcing.model import CausalWan
-from vidax.forcing.presets import PRESETS, CausalPreset, get, load_causal
 from vidax.forcing.rollout import ChunkStepper, StreamDecoder
+from vidax.forcing.weights import load_causal
+from vidax.models.geometry import LatentGeometry
+from vidax.models.registry import CausalPreset, get_causal
+from vidax.text import embed_prompts
+from vidax.video import VideoWriter
 
 # on_chunk(done_chunks, total_chunks, frames_written)
 ChunkCallback = Callable[[int, int, int], None]
@@ -43,11 +47,6 @@ class StreamResult:
     latents: np.ndarray
 
 
-def is_causal(model: str) -> bool:
-    """Whether `model` names a causal (streamable) preset."""
-    return model in PRESETS
-
-
 def stream_generate(
     model: str | CausalPreset = "tiny-causal",
     prompt: str = "",
@@ -69,7 +68,7 @@ def stream_generate(
     """Generates a video chunk by chunk, appending each decoded chunk to `out` as it is made.
 
     Args:
-      model: causal preset or its name (see `vidax.forcing.presets.PRESETS`).
+      model: causal preset or its name (see `vidax.models.names()`).
       prompt: text prompt (the base model's text encoder).
       out: mp4 path; the file grows while the video is generated.
       frames: pixel frames, 4k + 1 whose latent frames are a multiple of the chunk (default:
@@ -92,10 +91,7 @@ def stream_generate(
         or for a chunk whose latents are not finite.
       CheckpointError: missing weights (without `random_weights`).
     """
-    from vidax.pipeline import LatentGeometry, embed_prompts, geometry, load_vae
-    from vidax.video import VideoWriter
-
-    preset = get(model) if isinstance(model, str) else model
+    preset = get_causal(model) if isinstance(model, str) else model
     forcing = preset.forcing(attention)
     if forcing_overrides:
         forcing = dataclasses.replace(forcing, **forcing_overrides)
@@ -107,7 +103,7 @@ def stream_generate(
     if vae is None:
         if spec.vae is None:
             raise ValueError(f"model {preset.name!r} has no VAE to decode a stream with")
-        geo = geometry(spec)
+        geo = spec.geometry()
     else:
         geo = LatentGeometry(
             temporal_stride=vae.config.temporal_factor,
@@ -120,7 +116,7 @@ def stream_generate(
     causal = transformer
     if causal is None:
         causal = load_causal(preset, attention, weights, random_weights=random_weights)
-    vae = vae if vae is not None else load_vae(spec, None, random_weights=random_weights)
+    vae = vae if vae is not None else spec.load_vae(random_weights=random_weights)
     layout = causal.layout(forcing, (h, w))
     text = embed_prompts(spec, [prompt], random_weights=random_weights)
     context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
@@ -170,9 +166,7 @@ def check(
     Raises:
       ValueError: the one-line reason `stream_generate` would give.
     """
-    from vidax.pipeline import geometry
-
-    preset = get(model) if isinstance(model, str) else model
+    preset = get_causal(model) if isinstance(model, str) else model
     forcing = preset.forcing(attention)
     if forcing_overrides:
         forcing = dataclasses.replace(forcing, **forcing_overrides)
@@ -180,7 +174,7 @@ def check(
     frames = preset.num_frames if frames is None else frames
     height = d.height if height is None else height
     width = d.width if width is None else width
-    return _num_chunks(spec, geometry(spec), forcing, frames, height, width)
+    return _num_chunks(spec, spec.geometry(), forcing, frames, height, width)
 
 
 def _num_chunks(spec, geo, forcing, frames: int, height: int, width: int) -> int:

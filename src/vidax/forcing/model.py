@@ -32,7 +32,7 @@ from vidax.forcing.attention import (
     sparse_attention,
 )
 from vidax.forcing.cache import KVCache, init_cache, write_chunk
-from vidax.forcing.config import CacheLayout, ForcingConfig
+from vidax.models.causal import CacheLayout, ForcingConfig
 from vidax.models.wan import WanConfig, WanTransformer
 from vidax.models.wan import key_map as wan_key_map
 from vidax.nn import video_positions

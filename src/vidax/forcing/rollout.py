@@ -26,8 +26,8 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from vidax.forcing.cache import KVCache
-from vidax.forcing.config import CacheLayout
 from vidax.forcing.model import CausalWan, forward_chunk
+from vidax.models.causal import CacheLayout
 from vidax.sampling import predict_x0, renoise
 
 # Test hook: incremented each time `sample_chunk` is traced (or run eagerly).

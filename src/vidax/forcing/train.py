@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,10 @@ from flax import nnx
 
 from vidax.data import ClipLoader, LoaderConfig
 from vidax.forcing.cache import KVCache
-from vidax.forcing.config import CacheLayout, ForcingConfig
 from vidax.forcing.model import CausalWan, forward_chunk, forward_full, save
 from vidax.forcing.rollout import chunk_noise, write_clean
+from vidax.models.causal import CacheLayout, ForcingConfig
+from vidax.models.registry import get_causal
 from vidax.sampling import predict_x0, renoise, shift_sigmas
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.dit import LatentBatches
@@ -517,9 +517,7 @@ def tiny_causal_stages(
       teacher, with dense attention (the Self-Forcing baseline) and with sparse attention
       (Sparse Forcing): the same data, seeds and number of steps for both.
     """
-    from vidax.forcing.presets import PRESETS
-
-    preset = PRESETS["tiny-causal"]
+    preset = get_causal("tiny-causal")
     dense, sparse = preset.dense, preset.sparse
     rollout = dict(
         kind="self_forcing",
@@ -555,90 +553,3 @@ def tiny_causal_stages(
             forcing=dataclasses.replace(sparse, pbsa_backend="gather"), **rollout
         ),
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Trains tiny-causal: `python -m vidax.forcing.train --root runs/tiny-causal ...`."""
-    import argparse
-    import shutil
-    import time
-
-    from vidax.forcing.presets import ASSETS
-    from vidax.forcing.presets import get as get_preset
-    from vidax.pipeline import load_transformer, load_vae
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--root", default="runs/tiny-causal")
-    p.add_argument("--df-steps", type=int, default=600)
-    p.add_argument("--final-steps", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--rollout-chunks", type=int, default=7)
-    p.add_argument("--teacher-steps", type=int, default=6)
-    p.add_argument("--only", default="df,dense,sparse", help="stages to run, in order")
-    p.add_argument(
-        "--latents", default=None, help="latent cache of the tiny DiT stage (vidax.train.dit)"
-    )
-    p.add_argument("--ship", action="store_true", help="copy the results to vidax/assets")
-    p.add_argument(
-        "--transformer", default=None, help="bidirectional DiT weights (default: the shipped ones)"
-    )
-    p.add_argument("--vae", default=None, help="VAE weights file (default: the shipped ones)")
-    args = p.parse_args(argv)
-
-    preset = get_preset("tiny-causal")
-    spec = preset.spec  # the base model with the preset's VAE
-    from vidax.models.registry import get as get_model
-
-    transformer = load_transformer(get_model(preset.base), args.transformer)
-    if args.vae is not None:
-        from vidax.models.registry import get_vae
-
-        vae_spec = get_vae(spec.vae)
-        vae = vae_spec.loader(args.vae, vae_spec.config)
-    else:
-        vae = load_vae(spec, None)
-    from vidax.pipeline import geometry
-
-    _, h, w, c = geometry(spec).latent_shape(1, spec.defaults.height, spec.defaults.width)
-    stages = tiny_causal_stages(
-        df_steps=args.df_steps,
-        final_steps=args.final_steps,
-        batch_size=args.batch_size,
-        rollout_chunks=args.rollout_chunks,
-        teacher_steps=args.teacher_steps,
-        latent_hw=(h, w),
-        channels=c,
-        latents_dir=args.latents,
-    )
-    root = Path(args.root)
-    root.mkdir(parents=True, exist_ok=True)
-    base = CausalWan.from_transformer(transformer)
-    from vidax.forcing.model import load as load_weights
-
-    def weights(stage: str) -> CausalWan:
-        path = root / stage / WEIGHTS_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"stage {stage!r} has no weights yet: {path}")
-        return load_weights(path, spec.config)
-
-    timings = {}
-    for stage in [s for s in args.only.split(",") if s]:
-        config = stages[stage]
-        start = time.time()
-        if stage == "df":
-            train_stage(root / stage, config, base, vae=vae)
-        else:
-            train_stage(root / stage, config, weights("df"), teacher=weights("df"))
-        timings[stage] = time.time() - start
-        print(f"stage {stage}: {timings[stage] / 60:.1f} min", flush=True)
-    (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    if args.ship:
-        out = ASSETS / "tiny-causal"
-        out.mkdir(parents=True, exist_ok=True)
-        for attention in ("dense", "sparse"):
-            shutil.copy(root / attention / WEIGHTS_FILE, out / f"{attention}.safetensors")
-        print(f"shipped to {out}")
-
-
-if __name__ == "__main__":
-    main()

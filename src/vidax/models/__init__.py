@@ -1,9 +1,29 @@
 """Model families (DiTs, VAEs, text encoders) and the preset registry.
 
 spec = vidax.models.get("wan2.1-1.3b")
-model = spec.loader(checkpoint_dir, spec.config)
+model = spec.load(checkpoint_dir)
 """
 
-from vidax.models.registry import ModelSpec, SamplingDefaults, VAESpec, get, get_vae, names
+from vidax.models.registry import (
+    CausalPreset,
+    ModelSpec,
+    SamplingDefaults,
+    VAESpec,
+    get,
+    get_causal,
+    get_vae,
+    is_causal,
+    names,
+)
 
-__all__ = ["ModelSpec", "SamplingDefaults", "VAESpec", "get", "get_vae", "names"]
+__all__ = [
+    "CausalPreset",
+    "ModelSpec",
+    "SamplingDefaults",
+    "VAESpec",
+    "get",
+    "get_causal",
+    "get_vae",
+    "is_causal",
+    "names",
+]

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -158,8 +157,7 @@ def _add_layer(value: jax.Array, layer: jax.Array, delta: jax.Array) -> jax.Arra
 
 
 def _key_map(spec) -> list[Rule]:
-    # A family's `load` is defined beside its `key_map`, in the family's convert.py.
-    return sys.modules[spec.loader.__module__].key_map(spec.config)
+    return spec.family_module.key_map(spec.config)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,14 +13,13 @@ naming it, never ignored.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from vidax.checkpoint import CheckpointError, open_checkpoint
-from vidax.models.registry import _FAMILIES, _VAE_FAMILIES, ModelSpec, VAESpec, get
+from vidax.models.registry import FAMILIES, VAE_FAMILIES, ModelSpec, VAESpec, get
 
 # diffusers class name -> vidax family.
 PIPELINES = {
@@ -156,7 +155,7 @@ def read_vae(path: str | os.PathLike) -> VAESpec:
             f"({', '.join(VAES)})"
         )
     family = VAES[name]
-    module = importlib.import_module(_VAE_FAMILIES[family][0])
+    module = VAE_FAMILIES[family].module
     return VAESpec(
         name=f"{name} from {path}",
         family=family,
@@ -194,7 +193,7 @@ def _present(entry) -> bool:
 def _transformer_config(family: str, config: dict, folder: Path, base: ModelSpec):
     """The family's config from the transformer's config.json; the pipeline-level lengths and
     the attention implementation from `base`, the numerics from the stored weights."""
-    module = importlib.import_module(_FAMILIES[family][0])
+    module = FAMILIES[family].module
     keep = {"text_len", "byt5_len", "image_len", "attention_impl", "remat"}
     overrides = {k: getattr(base.config, k) for k in keep if hasattr(base.config, k)}
     dtype = _stored_dtype(folder)

@@ -1,26 +1,49 @@
 """One registry of model presets: what to build, how to load it, and how to sample it.
 
-`get(name)` returns a `ModelSpec`; the CLI, the pipeline and the benchmarks use nothing else to
-find models. A spec names its transformer family and config, the VAE and text encoder it pairs
-with, and the sampling defaults of its reference implementation.
+`get(name)` returns a `ModelSpec` (a text-to-video DiT), `get_causal(name)` a `CausalPreset` (a
+chunk-autoregressive model built on a registered DiT); the two share one namespace and `names()`
+lists both. The CLI, the pipeline, the server and the benchmarks use nothing else to find
+models. A spec names its transformer family and config, the VAE and text encoder it pairs with,
+and the sampling defaults of its reference implementation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import jax
 from flax import nnx
 
-# family -> module implementing: <Config class>, PRESETS, the model class, key_map, load.
-_FAMILIES = {
-    "wan": ("vidax.models.wan", "WanTransformer"),
-    "hunyuanvideo": ("vidax.models.hunyuan", "HunyuanVideoTransformer"),
-    "hunyuanvideo15": ("vidax.models.hunyuan15", "HunyuanVideo15Transformer"),
+from vidax import sampling
+from vidax.models import hunyuan, hunyuan15, hunyuan15_vae, hunyuan_vae, wan, wan_vae
+from vidax.models.causal import ForcingConfig
+from vidax.models.geometry import LatentGeometry
+from vidax.models.word_encoder import WordEncoderConfig
+
+# Weights shipped with vidax: `ModelSpec.weights` / `CausalPreset.weights` name a folder here.
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family: its package (exporting PRESETS, `load(path, config, ...)`, `key_map`,
+    `from_diffusers_config`; DiTs also `conditioning` and optionally `model_input` and
+    `embedded_guidance`, see `vidax.pipeline.Adapter`) and its model class."""
+
+    module: ModuleType
+    model: type[nnx.Module]
+
+
+FAMILIES: dict[str, Family] = {
+    "wan": Family(wan, wan.WanTransformer),
+    "hunyuanvideo": Family(hunyuan, hunyuan.HunyuanVideoTransformer),
+    "hunyuanvideo15": Family(hunyuan15, hunyuan15.HunyuanVideo15Transformer),
 }
 
 
@@ -42,8 +65,6 @@ class SamplingDefaults:
     def solver(self, *, sampler: str | None = None, steps: int | None = None, shift=None):
         """The `vidax.sampling` solver of these defaults, any of them overridden (the
         `solver_options` apply to the default sampler only)."""
-        from vidax import sampling
-
         name = sampler or self.sampler
         return sampling.make_solver(
             name,
@@ -70,7 +91,7 @@ class ModelSpec:
       dvg_spatial: whether DVG may reduce space (`vidax.dvg.Policy.spatial`): True where the
         DiT denoises coarser grids consistently (trained at several resolutions); False for
         a DiT trained at one latent size only.
-      text_config: for the "hashed" text encoder, the `vidax.text.encoder.WordEncoderConfig`
+      text_config: for the "hashed" text encoder, the `WordEncoderConfig`
         of a trained encoder over the hashed word vectors (weights `text_encoder.safetensors`
         beside the transformer's); None: the hashed vectors go to the DiT as they are.
     """
@@ -87,13 +108,17 @@ class ModelSpec:
 
     @property
     def module(self) -> type[nnx.Module]:
-        path, cls = _FAMILIES[self.family]
-        return getattr(importlib.import_module(path), cls)
+        return FAMILIES[self.family].model
+
+    @property
+    def family_module(self) -> ModuleType:
+        """The family's package (`vidax.models.wan`, ...)."""
+        return FAMILIES[self.family].module
 
     @property
     def loader(self) -> Callable:
         """`load(path, config, *, mesh=None, strategy=None)` of the family."""
-        return importlib.import_module(_FAMILIES[self.family][0]).load
+        return FAMILIES[self.family].module.load
 
     @property
     def vae_spec(self) -> VAESpec | None:
@@ -116,19 +141,64 @@ class ModelSpec:
 
     def num_params(self) -> int:
         abstract = nnx.eval_shape(lambda: self.build())
-        return sum(math.prod(v.shape) for v in _leaves(nnx.state(abstract, nnx.Param)))
+        return sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
+    @property
+    def latent_channels(self) -> int:
+        """Channels of the latent being denoised (the model input may add condition channels)."""
+        return getattr(self.config, "latent_channels", self.config.in_channels)
 
-def _leaves(state):
-    import jax
+    def geometry(self) -> LatentGeometry:
+        """The latent geometry: the VAE's strides (4x8x8 without a VAE) and the DiT's patch.
 
-    return jax.tree.leaves(state)
+        Raises:
+          ValueError: the VAE's latent channels differ from the transformer's.
+        """
+        temporal, spatial = 4, 8
+        channels = self.latent_channels
+        if self.vae is not None:
+            vae = self.vae_spec.config
+            temporal, spatial = vae.temporal_factor, vae.spatial_factor
+            if vae.z_dim != channels:
+                raise ValueError(
+                    f"model {self.name!r}: VAE {self.vae_name!r} has {vae.z_dim} latent channels "
+                    f"but the transformer denoises {channels}"
+                )
+        return LatentGeometry(
+            temporal_stride=temporal,
+            spatial_stride=spatial,
+            patch=tuple(self.config.patch_size),
+            channels=channels,
+        )
+
+    def load(
+        self,
+        checkpoint: str | os.PathLike | None = None,
+        *,
+        mesh=None,
+        strategy: str | None = None,
+        random_weights: bool = False,
+    ) -> nnx.Module:
+        """The transformer with its weights: `checkpoint`, else the shipped ones, else (only with
+        `random_weights`, warning) random ones (`vidax.models.weights.load_transformer`)."""
+        # Function-local: `weights` reads specs (cycle).
+        from vidax.models import weights
+
+        return weights.load_transformer(
+            self, checkpoint, mesh=mesh, strategy=strategy, random_weights=random_weights
+        )
+
+    def load_vae(
+        self, checkpoint: str | os.PathLike | None = None, *, random_weights: bool = False
+    ) -> nnx.Module | None:
+        """The VAE with its weights (`vidax.models.weights.load_vae`); None without a VAE."""
+        from vidax.models import weights  # cycle, as in `load`
+
+        return weights.load_vae(self, checkpoint, random_weights=random_weights)
 
 
 def _specs() -> dict[str, ModelSpec]:
-    from vidax.models.wan import PRESETS as WAN
-    from vidax.text.encoder import WordEncoderConfig
-
+    WAN = wan.PRESETS
     specs = [
         ModelSpec(
             name="tiny",
@@ -215,10 +285,7 @@ def _specs() -> dict[str, ModelSpec]:
             ),
         ),
     ):
-        try:
-            presets = importlib.import_module(_FAMILIES[family][0]).PRESETS
-        except ImportError:  # family not installed in this build
-            continue
+        presets = FAMILIES[family].module.PRESETS
         if preset in presets:
             specs.append(
                 ModelSpec(
@@ -247,11 +314,11 @@ def _specs() -> dict[str, ModelSpec]:
     return {s.name: s for s in specs}
 
 
-# VAE families: module implementing <PRESETS>, the model class, and load(path, config).
-_VAE_FAMILIES = {
-    "wan": ("vidax.models.wan_vae", "WanVAE"),
-    "hunyuan": ("vidax.models.hunyuan_vae", "HunyuanVideoVAE"),
-    "hunyuan15": ("vidax.models.hunyuan15_vae", "HunyuanVideo15VAE"),
+# VAE families: package exporting PRESETS, load(path, config), from_diffusers_config.
+VAE_FAMILIES: dict[str, Family] = {
+    "wan": Family(wan_vae, wan_vae.WanVAE),
+    "hunyuan": Family(hunyuan_vae, hunyuan_vae.HunyuanVideoVAE),
+    "hunyuan15": Family(hunyuan15_vae, hunyuan15_vae.HunyuanVideo15VAE),
 }
 
 
@@ -267,12 +334,11 @@ class VAESpec:
 
     @property
     def module(self) -> type[nnx.Module]:
-        path, cls = _VAE_FAMILIES[self.family]
-        return getattr(importlib.import_module(path), cls)
+        return VAE_FAMILIES[self.family].model
 
     @property
     def loader(self) -> Callable:
-        return importlib.import_module(_VAE_FAMILIES[self.family][0]).load
+        return VAE_FAMILIES[self.family].module.load
 
     def build(self, *, seed: int = 0) -> nnx.Module:
         return self.module(self.config, rngs=nnx.Rngs(seed))
@@ -281,8 +347,8 @@ class VAESpec:
 def get_vae(name: str) -> VAESpec:
     """The VAE preset `name` from any VAE family; a clear error lists the known presets."""
     known: dict[str, tuple[str, Any]] = {}
-    for family, (path, _) in _VAE_FAMILIES.items():
-        presets = importlib.import_module(path).PRESETS
+    for family, entry in VAE_FAMILIES.items():
+        presets = entry.module.PRESETS
         for preset, config in presets.items():
             if preset in known:  # one namespace for all families: a clash would shadow silently
                 raise ValueError(
@@ -295,24 +361,136 @@ def get_vae(name: str) -> VAESpec:
     return VAESpec(name=name, family=family, config=config)
 
 
-_CACHE: dict[str, ModelSpec] | None = None
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CausalPreset:
+    """A chunk-autoregressive model: a registered DiT plus its chunked-generation settings.
+
+    It reuses `base` (the transformer architecture, VAE and text encoder) and adds the two
+    attention configurations it was trained for and the asset folder of its causal weights.
+    When the base model's VAE has been retrained since, the preset pins the VAE its latents
+    came from (`vae`, shipped beside the causal weights).
+
+    Attributes:
+      name: preset name ("tiny-causal").
+      base: registered model whose transformer config, VAE and text encoder it uses.
+      dense: the Self-Forcing configuration (dense window with attention sink).
+      sparse: the Sparse Forcing configuration (persistent memory + selected neighbourhood).
+      weights: asset folder holding `dense.safetensors` and `sparse.safetensors`.
+      vae: VAE preset the causal weights were trained with, its weights in
+        `<weights>/vae.safetensors`; None: the base model's VAE and weights.
+      num_frames: default pixel frames of a generated video.
+    """
+
+    name: str
+    base: str
+    dense: ForcingConfig
+    sparse: ForcingConfig
+    weights: str | None = None
+    vae: str | None = None
+    num_frames: int = 81
+
+    def __post_init__(self):
+        if self.vae is not None and self.weights is None:
+            raise ValueError(f"causal preset {self.name!r} pins a VAE but has no asset folder")
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The base model's spec, with this preset's VAE (whose weights `ModelSpec.load_vae`
+        then reads from `<weights>/vae.safetensors`)."""
+        base = get(self.base)
+        if self.vae is None:
+            return base
+        return dataclasses.replace(base, vae=self.vae, weights=self.weights)
+
+    def forcing(self, attention: str) -> ForcingConfig:
+        if attention not in ("dense", "sparse"):
+            raise ValueError(f"attention must be 'dense' or 'sparse', got {attention!r}")
+        return self.dense if attention == "dense" else self.sparse
+
+    def weights_path(self, attention: str) -> Path | None:
+        """The shipped causal weights for `attention`, if any."""
+        if self.weights is None:
+            return None
+        path = ASSETS / self.weights / f"{attention}.safetensors"
+        return path if path.exists() else None
 
 
-def names() -> list[str]:
-    """All preset names, sorted."""
-    return sorted(_registry())
+def _causal_presets() -> dict[str, CausalPreset]:
+    # The tiny preset at 64x64 pixels has 8x8 = 64 tokens per latent frame: blocks of 16 tokens
+    # are two token rows (4 blocks per frame). Dense keeps sink 3 + window 15 frames (+ the
+    # 3-frame chunk: 21 frames, Self-Forcing's 5 s); sparse keeps sink 3 + window 3 frames, a
+    # 10-block memory and a 12-token compressed ring, i.e. 0.56x the dense peak KV, and each
+    # tile of 64 queries (one frame here) attends the sink, 8 of 12 window blocks and 6 of 10
+    # memory blocks.
+    presets = [
+        CausalPreset(
+            name="tiny-causal",
+            base="tiny",
+            dense=ForcingConfig(sink_frames=3, window_frames=15, block_size=16),
+            sparse=ForcingConfig(
+                sink_frames=3,
+                window_frames=3,
+                block_size=16,
+                attention="sparse",
+                memory_blocks=10,
+                local_topk=8,
+                memory_topk=6,
+                compressed_tokens=12,
+                query_tile=64,
+            ),
+            weights="tiny-causal",
+            vae="shapes-v1",
+        ),
+    ]
+    return {p.name: p for p in presets}
 
 
-def _registry() -> dict[str, ModelSpec]:
-    global _CACHE
-    if _CACHE is None:
-        _CACHE = _specs()
-    return _CACHE
+_SPECS: dict[str, ModelSpec] | None = None
+_CAUSAL: dict[str, CausalPreset] | None = None
+
+
+def _registry() -> tuple[dict[str, ModelSpec], dict[str, CausalPreset]]:
+    # Built on first use: the presets' configs validate themselves at construction.
+    global _SPECS, _CAUSAL
+    if _SPECS is None or _CAUSAL is None:
+        specs, causal = _specs(), _causal_presets()
+        if clash := set(specs) & set(causal):  # one namespace: a clash would shadow silently
+            raise ValueError(f"preset names defined twice: {sorted(clash)}")
+        _SPECS, _CAUSAL = specs, causal
+    return _SPECS, _CAUSAL
+
+
+def names(*, causal: bool = True) -> list[str]:
+    """All preset names, sorted (with `causal=False`: the text-to-video DiTs only)."""
+    specs, causal_presets = _registry()
+    return sorted([*specs, *(causal_presets if causal else ())])
+
+
+def is_causal(name: str) -> bool:
+    """Whether `name` is a causal (chunk-autoregressive) preset."""
+    return name in _registry()[1]
 
 
 def get(name: str) -> ModelSpec:
-    """The spec of preset `name`; a clear error lists the known presets otherwise."""
+    """The spec of DiT preset `name`; a clear error otherwise (naming `get_causal` for a causal
+    preset, and the known presets for an unknown name)."""
+    specs, causal = _registry()
+    if name in specs:
+        return specs[name]
+    if name in causal:
+        raise ValueError(
+            f"{name!r} is a causal (chunk-autoregressive) model: use get_causal({name!r}); "
+            f"its base model is {causal[name].base!r}"
+        )
+    raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}")
+
+
+def get_causal(name: str) -> CausalPreset:
+    """The causal preset `name`; a clear error lists the known ones."""
+    causal = _registry()[1]
     try:
-        return _registry()[name]
+        return causal[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}") from None
+        raise ValueError(
+            f"unknown causal model {name!r}; known causal models: {', '.join(sorted(causal))}"
+        ) from None

@@ -3,7 +3,7 @@
 The search (`plan`) enumerates logical candidates for a Wan step (`enumerate_candidates`),
 prunes them from their traced programs without compiling (stage 1, `vidax.planner.estimate`),
 compiles the survivors for the slice (stage 2), prices every physical placement of each
-(stage 3) and writes the best as a `Plan` that `load_plan` turns into a `Mesh` and strategy:
+(stage 3) and writes the best as a `ShardingPlan` that `load_plan` turns into a `Mesh` and strategy:
 
     result = plan(Workload(model="wan2.1-1.3b", frames=81, height=480, width=832), "v5e:4x4")
     result.best_plan().save("plan.json")
@@ -22,7 +22,7 @@ ordinary `jax.sharding.Mesh` (`realize`). Model code does not change.
 """
 
 from vidax.planner.candidates import (
-    Candidate,
+    ShardingCandidate,
     Workload,
     check_fits,
     compile_checked,
@@ -54,12 +54,11 @@ from vidax.planner.placement import (
     realize,
     score_placement,
 )
-from vidax.planner.search import Plan, PlanResult, plan
+from vidax.planner.search import PlanResult, ShardingPlan, plan
 from vidax.planner.topology import Topology, load_topology, parse_topology, synthetic_topology
 
 __all__ = [
     "CHIPS",
-    "Candidate",
     "Chip",
     "Collective",
     "CommCost",
@@ -68,9 +67,10 @@ __all__ = [
     "OpCost",
     "Placement",
     "PlacementScore",
-    "Plan",
     "PlanResult",
     "Pruned",
+    "ShardingCandidate",
+    "ShardingPlan",
     "Topology",
     "Workload",
     "analyze_hlo",

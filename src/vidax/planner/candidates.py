@@ -180,9 +180,7 @@ class Workload:
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """(t, h, w, c) latent of one video."""
-        from vidax.pipeline import geometry
-
-        return geometry(self.spec).latent_shape(self.frames, self.height, self.width)
+        return self.spec.geometry().latent_shape(self.frames, self.height, self.width)
 
     @property
     def tokens(self) -> int:
@@ -197,7 +195,7 @@ class Workload:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Candidate:
+class ShardingCandidate:
     """A logical plan: mesh sizes and a composed strategy (`vidax.sharding.compose_strategy`).
 
     The mesh always has three axes, `(batch axis, "seq", "tensor")`; the batch axis is called
@@ -253,7 +251,7 @@ def enumerate_candidates(
     *,
     sequence_modes: Sequence[str] = ("gather", "ulysses", "ring"),
     weight_modes: Sequence[str] = ("replicated", "fsdp"),
-) -> list[Candidate]:
+) -> list[ShardingCandidate]:
     """Every logical plan of `workload` on `num_devices` chips (before any cost model).
 
     Rules: batch devices divide the batch (no redundant copies of a video), tensor devices
@@ -267,7 +265,7 @@ def enumerate_candidates(
     """
     config = workload.spec.config
     tokens = workload.tokens
-    out: list[Candidate] = []
+    out: list[ShardingCandidate] = []
     for sizes in mesh_shapes(
         num_devices,
         ("batch", "seq", "tensor"),
@@ -286,7 +284,9 @@ def enumerate_candidates(
             for weights in weight_modes:
                 if weights == "fsdp" and b * s == 1:
                     continue  # nothing to shard the weights over: same as replicated
-                out.append(Candidate(batch=b, seq=s, tensor=t, sequence=mode, weights=weights))
+                out.append(
+                    ShardingCandidate(batch=b, seq=s, tensor=t, sequence=mode, weights=weights)
+                )
     if not out:
         raise ValueError(
             f"no sharding of {workload.describe()} uses exactly {num_devices} chips: the batch "

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from vidax.planner.search import Plan
+from vidax.planner.search import ShardingPlan
 
 # Compiled candidates are kept here between runs (`vidax plan --no-cache` to bypass).
 DEFAULT_CACHE = Path(os.environ.get("VIDAX_CACHE", Path.home() / ".cache" / "vidax")) / "planner"
@@ -45,12 +45,12 @@ def load_plan(path: str | Path, devices=None):
         ValueError: for a malformed plan, an unknown strategy, or too few devices.
         FileNotFoundError: if the file is missing.
     """
-    plan = Plan.load(path)
+    plan = ShardingPlan.load(path)
     return realize_plan(plan, devices)
 
 
-def realize_plan(plan: Plan, devices=None):
-    """`load_plan` for an in-memory `Plan`."""
+def realize_plan(plan: ShardingPlan, devices=None):
+    """`load_plan` for an in-memory `ShardingPlan`."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -71,7 +71,7 @@ def realize_plan(plan: Plan, devices=None):
     return auto_mesh(Mesh(grid, tuple(plan.axis_names))), strategy
 
 
-def _planned_slice(plan: Plan, devices) -> dict | None:
+def _planned_slice(plan: ShardingPlan, devices) -> dict | None:
     """{coords: device} if `devices` are exactly the planned slice's chips, else None."""
     if len(devices) != len(plan.coords) or any(d.platform != "tpu" for d in devices):
         return None
@@ -128,29 +128,23 @@ def register(app: typer.Typer) -> None:
         from vidax.planner.candidates import Workload
         from vidax.planner.search import plan
 
-        try:
-            spec = get(model)
-            height, width = (
-                _parse_size(size) if size else (spec.defaults.height, spec.defaults.width)
-            )
-            workload = Workload(
-                model=model,
-                frames=frames or spec.defaults.num_frames,
-                height=height,
-                width=width,
-                cfg=cfg,
-                videos=videos,
-            )
-            result = plan(
-                workload,
-                topology,
-                keep=keep,
-                cache_dir=None if no_cache else cache_dir,
-                log=lambda m: typer.echo(m, err=True),
-            )
-        except (ValueError, RuntimeError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(code=2) from None
+        spec = get(model)
+        height, width = _parse_size(size) if size else (spec.defaults.height, spec.defaults.width)
+        workload = Workload(
+            model=model,
+            frames=frames or spec.defaults.num_frames,
+            height=height,
+            width=width,
+            cfg=cfg,
+            videos=videos,
+        )
+        result = plan(
+            workload,
+            topology,
+            keep=keep,
+            cache_dir=None if no_cache else cache_dir,
+            log=lambda m: typer.echo(m, err=True),
+        )
         typer.echo(result.table(top))
         path = result.best_plan().save(out)
         typer.echo(f"wrote {path} ({result.best.candidate.name}, {result.best.placement.name})")

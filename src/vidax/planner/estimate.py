@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vidax.planner.candidates import Candidate, Workload
+from vidax.planner.candidates import ShardingCandidate, Workload
 from vidax.planner.hardware import Chip, GiB
 
 MEMORY_MARGIN = 0.1  # stage 1 is an estimate: keep 10% of HBM spare
@@ -60,7 +60,7 @@ class Estimate:
         padding: fraction of padded (wasted) tokens.
     """
 
-    candidate: Candidate
+    candidate: ShardingCandidate
     flops: float
     hbm_bytes: float
     param_bytes: float
@@ -155,7 +155,7 @@ def abstract_step(workload: Workload, mesh, strategy):
     return step, (state, x, t, ctx)
 
 
-def candidate_mesh(candidate: Candidate, devices: Sequence):
+def candidate_mesh(candidate: ShardingCandidate, devices: Sequence):
     """The candidate's mesh over `devices` in the given order (Auto axes)."""
     from jax.sharding import Mesh
 
@@ -264,7 +264,7 @@ def _traced(workload: Workload, b: int, s: int, t: int, sequence: str, devices: 
     """The jaxpr statistics of one logical layout (shared by both weight modes)."""
     from vidax.sharding.rules import use_mesh
 
-    candidate = Candidate(batch=b, seq=s, tensor=t, sequence=sequence, weights="replicated")
+    candidate = ShardingCandidate(batch=b, seq=s, tensor=t, sequence=sequence, weights="replicated")
     mesh = candidate_mesh(candidate, devices)
     with use_mesh(mesh, candidate.strategy) as mesh:
         step, args = abstract_step(workload, mesh, candidate.strategy)
@@ -274,7 +274,9 @@ def _traced(workload: Workload, b: int, s: int, t: int, sequence: str, devices: 
     return walk
 
 
-def estimate_candidate(workload: Workload, candidate: Candidate, devices, chip: Chip) -> Estimate:
+def estimate_candidate(
+    workload: Workload, candidate: ShardingCandidate, devices, chip: Chip
+) -> Estimate:
     """Traces the step for `candidate` on `devices` and prices it (no lowering, no compile).
 
     Raises:

@@ -1,5 +1,5 @@
 """The AoiZora search: candidates -> stage 1 (estimate, prune) -> stage 2 (compile) -> stage 3
-(physical placement) -> a ranked list and a `Plan`.
+(physical placement) -> a ranked list and a `ShardingPlan`.
 
     result = plan(Workload(model="wan2.1-1.3b", frames=81, height=480, width=832), "v5e:4x4")
     print(result.table())
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vidax.planner.candidates import (
-    Candidate,
+    ShardingCandidate,
     Workload,
     compile_checked,
     device_memory,
@@ -53,7 +53,7 @@ MAX_COMPILE = 3  # stage-2 compiles per search at most (20-60 s each on a small 
 class Compiled:
     """Stage 2 for one candidate: its compiled program's analysis and memory."""
 
-    candidate: Candidate
+    candidate: ShardingCandidate
     estimate: Estimate
     analysis: HloAnalysis
     memory: int
@@ -71,7 +71,7 @@ class Row:
     default: PlacementScore  # jax's default placement of the same logical mesh
 
     @property
-    def candidate(self) -> Candidate:
+    def candidate(self) -> ShardingCandidate:
         return self.compiled.candidate
 
     @property
@@ -85,10 +85,10 @@ class PlanResult:
 
     workload: Workload
     topology: Topology
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[ShardingCandidate, ...]
     stage1: Pruned
     compiled: tuple[Compiled, ...]
-    failures: tuple[tuple[Candidate, str], ...]  # survivors that did not compile / fit
+    failures: tuple[tuple[ShardingCandidate, str], ...]  # survivors that did not compile / fit
     rows: tuple[Row, ...]  # best placement of every compiled candidate, fastest first
     placements_scored: int
     timings: dict[str, float]
@@ -101,8 +101,8 @@ class PlanResult:
         """The best candidate when every mesh takes jax's default placement."""
         return min(self.rows, key=lambda r: r.default.total)
 
-    def best_plan(self) -> Plan:
-        return Plan.from_row(self.best, self)
+    def best_plan(self) -> ShardingPlan:
+        return ShardingPlan.from_row(self.best, self)
 
     def table(self, top: int = 10) -> str:
         """The ranked table (candidate, placement, step latency, comm/compute, memory)."""
@@ -140,7 +140,7 @@ def _short(text: str, width: int) -> str:
 
 # ---- the plan file ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Plan:
+class ShardingPlan:
     """What `vidax generate --plan` needs: a strategy and a mesh over the slice's chips.
 
     Attributes:
@@ -174,7 +174,7 @@ class Plan:
             raise ValueError(f"plan: chips must be a permutation of {n} chips with coordinates")
 
     @classmethod
-    def from_row(cls, row: Row, result: PlanResult) -> Plan:
+    def from_row(cls, row: Row, result: PlanResult) -> ShardingPlan:
         topo = result.topology
         perm = row.placement.perm
         return cls(
@@ -206,7 +206,7 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Plan:
+    def load(cls, path: str | Path) -> ShardingPlan:
         """Reads a plan file; raises ValueError naming what is wrong with it."""
         path = Path(path)
         if not path.exists():
@@ -234,7 +234,7 @@ class Plan:
 # ---- the search ------------------------------------------------------------------------------
 def compile_candidate(
     workload: Workload,
-    candidate: Candidate,
+    candidate: ShardingCandidate,
     topology: Topology,
     estimate: Estimate,
     *,
@@ -335,7 +335,7 @@ def plan(
     max_compile: int = MAX_COMPILE,
     sequence_modes: Sequence[str] = ("gather", "ulysses", "ring"),
     weight_modes: Sequence[str] = ("replicated", "fsdp"),
-    candidates: Sequence[Candidate] | None = None,
+    candidates: Sequence[ShardingCandidate] | None = None,
     placement_limit: int = 2000,
     ring: str = "group",
     cache_dir: str | Path | None = None,

@@ -306,5 +306,6 @@ def load_topology(name: str) -> Topology:
         with quiet_native_stderr():  # libtpu's start-up lines, on a host without a TPU
             desc = topologies.get_topology_desc(libtpu_name, "tpu", **kwargs)
     except Exception as e:  # libtpu raises JaxRuntimeError with an opaque status
-        raise RuntimeError(f"libtpu could not build topology {libtpu_name!r}: {e}") from e
+        # A user error in the CLI's terms (one line): a topology this libtpu does not build.
+        raise ValueError(f"libtpu could not build topology {libtpu_name!r}: {e}") from e
     return Topology(chip, dims, desc.devices, name=name)

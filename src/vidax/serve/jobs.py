@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from vidax.errors import USER_ERRORS
+from vidax.models.weights import load_text_encoder
 from vidax.serve.requests import VideoRequest
 
 log = logging.getLogger("vidax.serve")
@@ -385,25 +386,23 @@ class Generator:
 
 def _load(model: str, causal: bool) -> dict:
     """A model's parts, loaded once per server."""
-    from vidax import models, pipeline
+    from vidax import models
 
     if causal:
-        from vidax.forcing.presets import get, load_causal
+        from vidax.forcing import load_causal
 
-        preset = get(model)
+        preset = models.get_causal(model)
         return {
             "preset": preset,
             "transformer": load_causal(preset, "sparse"),
-            "vae": pipeline.load_vae(preset.spec, None),
+            "vae": preset.spec.load_vae(),
         }
     spec = models.get(model)
     return {
         "spec": spec,
-        "transformer": pipeline.load_transformer(spec, None),
-        "vae": pipeline.load_vae(spec, None),
-        "text_encoder": None
-        if spec.text_config is None
-        else pipeline.load_text_encoder(spec, None),
+        "transformer": spec.load(),
+        "vae": spec.load_vae(),
+        "text_encoder": None if spec.text_config is None else load_text_encoder(spec, None),
     }
 
 

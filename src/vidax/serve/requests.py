@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from vidax.models.weights import TRANSFORMER, missing_message, missing_weights
+
 # frames x height x width of one video; the tiny models' default sizes fit many times over.
 DEFAULT_MAX_PIXELS = 4 * 1024 * 1024
 
@@ -71,24 +73,25 @@ class ModelInfo:
 
 def available_models() -> list[ModelInfo]:
     """The presets whose weights are all there (`vidax models` says "shipped"), sorted."""
-    from vidax import models, pipeline
-    from vidax.forcing.presets import PRESETS as CAUSAL
+    from vidax import models
 
     out = []
-    for name in sorted([*models.names(), *CAUSAL]):
-        if name in CAUSAL:
-            preset = CAUSAL[name]
+    for name in models.names():
+        if models.is_causal(name):
+            preset = models.get_causal(name)
             spec, frames, steps = preset.spec, preset.num_frames, None
             shipped = all(preset.weights_path(a) for a in ("dense", "sparse")) and not (
-                pipeline.missing_weights(spec, transformer=False)
+                missing_weights(spec, transformer=False)
             )
         else:
             spec = models.get(name)
             frames, steps = spec.defaults.num_frames, spec.defaults.steps
-            shipped = not pipeline.missing_weights(spec)
+            shipped = not missing_weights(spec)
         if shipped:
             d = spec.defaults
-            out.append(ModelInfo(name, name in CAUSAL, frames, d.height, d.width, steps, d.fps))
+            out.append(
+                ModelInfo(name, models.is_causal(name), frames, d.height, d.width, steps, d.fps)
+            )
     return out
 
 
@@ -111,10 +114,9 @@ def parse(
     Raises:
       ValueError: a one-line reason, the command line's where it has one.
     """
-    from vidax import models, pipeline
+    from vidax import models
     from vidax.dvg.command import generate_kwargs
     from vidax.forcing import command as forcing_command
-    from vidax.forcing.presets import get as get_causal
 
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
@@ -131,15 +133,15 @@ def parse(
     if not prompt:
         raise ValueError("give --prompt")
     model = get("model") or default_model
-    causal = forcing_command.is_causal(model)
+    causal = models.is_causal(model)
     if causal:
-        spec, default_frames = get_causal(model).spec, get_causal(model).num_frames
+        spec, default_frames = models.get_causal(model).spec, models.get_causal(model).num_frames
     else:
         spec = models.get(model)  # "unknown model 'x'; known models: ..."
         default_frames = spec.defaults.num_frames
     if model not in available:
-        missing = pipeline.missing_weights(spec) or [pipeline.TRANSFORMER]
-        raise ValueError(pipeline.missing_message(spec, missing))
+        missing = missing_weights(spec) or [TRANSFORMER]
+        raise ValueError(missing_message(spec, missing))
     d = spec.defaults
     frames = default_frames if get("frames") is None else get("frames")
     height = d.height if get("height") is None else get("height")
@@ -170,7 +172,7 @@ def parse(
         steps = d.steps if steps is None else steps
         chosen = generate_kwargs(accel, budget)  # "--budget must be in (0, 1], got 2.0"
         budget = chosen["budget"] if accel != "none" else None
-        pipeline.geometry(spec).latent_shape(frames, height, width)
+        spec.geometry().latent_shape(frames, height, width)
     if frames * height * width > max_pixels:
         raise ValueError(
             f"{frames} frames of {height}x{width} are {frames * height * width} pixels, over "

@@ -1,4 +1,4 @@
-"""CLI: `vidax train vae|dit|export` and `vidax eval`.
+"""CLI: `vidax train vae|dit|export|all` (`vidax eval` is `vidax.eval.command`).
 
 `register(app)` adds the commands to a typer app (the main `vidax` CLI wires it in). Heavy
 imports happen inside the commands; bad input raises `ValueError` with the reason.
@@ -6,7 +6,6 @@ imports happen inside the commands; bad input raises `ValueError` with the reaso
     vidax train vae --run-dir runs/tiny-vae
     vidax train dit --run-dir runs/tiny-dit --vae-run runs/tiny-vae
     vidax train export --vae-run runs/tiny-vae --dit-run runs/tiny-dit --out runs/export
-    vidax eval --model tiny --seeds 2 --out runs/eval
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ _DATA_PARALLEL = typer.Option(
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Adds `train` (with `vae`, `dit`, `export`) and `eval` to `app`."""
+def register(app: typer.Typer) -> typer.Typer:
+    """Adds `train` (with `vae`, `dit`, `export`, `all`) to `app`; returns the `train` group
+    (`vidax train causal` joins it from `vidax.forcing.train_command`)."""
     train_app = typer.Typer(
         help="Train vidax's own small text-to-video model (VAE, then DiT).",
         no_args_is_help=True,
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
     train_app.command("export")(export)
     train_app.command("all")(train_all)
     app.add_typer(train_app, name="train")
-    app.command("eval")(evaluate)
+    return train_app
 
 
 def _mesh(data_parallel: int):
@@ -237,9 +237,8 @@ def export(
     """Copy the trained VAE and DiT weights into one folder (or, asked, into the package)."""
     import shutil
 
-    from vidax.models.registry import get
+    from vidax.models.registry import ASSETS, get
     from vidax.models.wan_vae import PRESETS
-    from vidax.pipeline import ASSETS
     from vidax.train.dit import TRANSFORMER_FILE
     from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, load_stats
 
@@ -265,148 +264,3 @@ def export(
     if not into_package:  # `vidax eval --weights` reads the statistics beside the VAE
         shutil.copyfile(vae_run / STATS_FILE, out / "latent_stats.json")
     typer.echo(f"exported to {out}")
-
-
-def evaluate(
-    model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    seeds: Annotated[int, typer.Option(help="Seeds per prompt.")] = 2,
-    limit: Annotated[
-        int | None, typer.Option(help="Only the first N prompts of the fixed set.")
-    ] = None,
-    weights: Annotated[
-        Path | None,
-        typer.Option(help="Folder with transformer.safetensors and vae.safetensors."),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Where table.md, results.json, PNG go.")] = Path(
-        "runs/eval"
-    ),
-    steps: Annotated[int | None, typer.Option(help="Denoising steps.")] = None,
-    guidance: Annotated[float | None, typer.Option(help="CFG scale.")] = None,
-    shift: Annotated[float | None, typer.Option(help="Sigma shift.")] = None,
-    frames: Annotated[int | None, typer.Option(help="Frames (4k + 1).")] = None,
-    references: Annotated[
-        bool, typer.Option(help="Also score ground truth and its VAE round trip.")
-    ] = True,
-    random: Annotated[
-        int, typer.Option(help="Also score N fresh draws from the training distribution (0: off).")
-    ] = 0,
-    seed: Annotated[
-        int, typer.Option(help="First seed of the --random draws (vidax.data.random_eval_prompts).")
-    ] = 0,
-    height: Annotated[
-        int | None, typer.Option(help="Render and generate at this height (default: the model's).")
-    ] = None,
-    width: Annotated[
-        int | None, typer.Option(help="Render and generate at this width (default: the model's).")
-    ] = None,
-    fixed: Annotated[bool, typer.Option(help="Score the fixed prompt set.")] = True,
-) -> None:
-    """Score a model on the fixed prompt set and/or fresh random prompts: metric tables
-    (mean ± std, per category, with reference rows) and a contact sheet."""
-    from vidax import pipeline
-    from vidax.data import EVAL_PROMPTS, random_eval_prompts
-    from vidax.metrics.harness import evaluate_prompts, format_table, write_report
-    from vidax.models.registry import get
-
-    if steps is not None and steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {steps}")
-    if limit is not None and not 1 <= limit <= len(EVAL_PROMPTS):
-        raise ValueError(f"--limit must be in [1, {len(EVAL_PROMPTS)}], got {limit}")
-    if random < 0 or seed < 0:
-        raise ValueError(f"--random and --seed must be >= 0, got {random}, {seed}")
-    if not fixed and random == 0:
-        raise ValueError("nothing to score: --no-fixed needs --random N with N >= 1")
-    for name, size in (("--height", height), ("--width", width)):
-        if size is not None and size < 16:
-            raise ValueError(f"{name} must be >= 16, got {size}")
-    spec = get(model)
-    d = spec.defaults
-    # Fails on a size or frame count the model cannot take before any weights load.
-    pipeline.geometry(spec).latent_shape(
-        frames or d.num_frames, height or d.height, width or d.width
-    )
-    sets = [("fixed", EVAL_PROMPTS[:limit])] if fixed else []
-    if random:
-        sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
-    if weights is not None:
-        transformer, vae, text_encoder = load_weights(model, weights)
-    elif missing := pipeline.missing_weights(spec, text_encoder=spec.text_config is not None):
-        raise ValueError(
-            f"model {model!r} ships no weights for its {', '.join(missing)}: pass --weights DIR "
-            "(a folder written by `vidax train all` or `vidax train export`)"
-        )
-    else:  # loaded once for every set
-        transformer, vae = pipeline.load_transformer(spec, None), pipeline.load_vae(spec, None)
-        text_encoder = pipeline.load_text_encoder(spec) if spec.text_config else None
-    reports = []
-    for label, prompts in sets:
-        reports.append(
-            evaluate_prompts(
-                model,
-                prompts=prompts,
-                seeds=seeds,
-                transformer=transformer,
-                vae=vae,
-                text_encoder=text_encoder,
-                references=references,
-                on_sample=lambda i, n, label=label: typer.echo(
-                    f"\r{label}: {i}/{n} videos", nl=False, err=True
-                ),
-                label=label,
-                steps=steps,
-                guidance=guidance,
-                shift=shift,
-                num_frames=frames,
-                height=height,
-                width=width,
-            )
-        )
-        typer.echo("", err=True)
-    report = reports[0] if len(reports) == 1 else reports
-    paths = write_report(report, out)
-    typer.echo(format_table(report))
-    typer.echo(
-        f"{sum(len(r.samples) for r in reports)} videos in "
-        f"{sum(r.seconds for r in reports):.0f}s; wrote {paths['table']}, "
-        f"{paths['results']}, {paths['contact_sheet']}"
-    )
-
-
-def load_weights(model: str, folder: Path):
-    """(transformer, VAE, text encoder) of `model` from a weights folder.
-
-    The folder holds transformer.safetensors and vae.safetensors (and text_encoder.safetensors
-    for presets with a trained text encoder); a `latent_stats.json` beside the VAE (written by
-    `vidax train vae` and `vidax train all`) replaces the preset's latent statistics. The
-    text encoder is None for presets without one.
-    """
-    import dataclasses
-    import json
-
-    from vidax.models.registry import get, get_vae
-    from vidax.pipeline import TEXT_ENCODER_FILE
-
-    spec = get(model)
-    if spec.vae is None:
-        raise ValueError(f"model {model!r} has no VAE")
-    needed = ["transformer.safetensors", "vae.safetensors"]
-    if spec.text_config is not None:
-        needed.append(TEXT_ENCODER_FILE)
-    for name in needed:
-        if not (folder / name).exists():
-            raise FileNotFoundError(f"{folder / name} not found")
-    vae = get_vae(spec.vae)
-    config = vae.config
-    stats = folder / "latent_stats.json"
-    if stats.exists():
-        values = json.loads(stats.read_text())
-        config = dataclasses.replace(
-            config, latents_mean=tuple(values["mean"]), latents_std=tuple(values["std"])
-        )
-    text = None
-    if spec.text_config is not None:
-        from vidax.text import encoder as word_encoder
-
-        text = word_encoder.load(folder / TEXT_ENCODER_FILE, spec.text_config)
-    transformer = spec.loader(folder / "transformer.safetensors", spec.config)
-    return transformer, vae.loader(folder / "vae.safetensors", config), text

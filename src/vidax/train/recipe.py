@@ -44,11 +44,10 @@ from flax import nnx
 
 from vidax.checkpoint import save_model, write_atomic
 from vidax.data import scene_render
-from vidax.models import wan_vae
-from vidax.models.registry import ModelSpec, get
+from vidax.models import wan_vae, word_encoder
+from vidax.models.registry import ASSETS, ModelSpec, get
 from vidax.models.wan import WanTransformer, key_map
-from vidax.pipeline import ASSETS
-from vidax.text.encoder import WordEncoder
+from vidax.models.word_encoder import WordEncoder
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.dit import DiTStageConfig, adaln_zero, dit_loss, latent_object_mask
 from vidax.train.flow import SigmaSampler
@@ -602,8 +601,6 @@ def train_dit_stage(
         )
 
     def save(state, step):
-        from vidax.text import encoder as word_encoder
-
         dit_ema, text_ema = models(state)
         meta = {"step": str(step), "profile": profile.name}
         write_atomic(

@@ -1,5 +1,6 @@
 """HunyuanVideo (1.0) text-to-video diffusion transformer."""
 
+from vidax.models.hunyuan.conditioning import conditioning, embedded_guidance
 from vidax.models.hunyuan.config import (
     PRESETS,
     HunyuanVideoConfig,
@@ -23,6 +24,8 @@ __all__ = [
     "HunyuanVideoTransformer",
     "SingleStreamBlock",
     "TokenRefiner",
+    "conditioning",
+    "embedded_guidance",
     "from_diffusers_config",
     "key_map",
     "load",

@@ -1,5 +1,6 @@
 """HunyuanVideo-1.5 text/image-to-video diffusion transformer."""
 
+from vidax.models.hunyuan15.conditioning import conditioning, model_input
 from vidax.models.hunyuan15.config import (
     PRESETS,
     HunyuanVideo15Config,
@@ -19,8 +20,10 @@ __all__ = [
     "HunyuanVideo15Config",
     "HunyuanVideo15Transformer",
     "ImageProjection",
+    "conditioning",
     "from_diffusers_config",
     "key_map",
     "load",
+    "model_input",
     "to_diffusers_config",
 ]

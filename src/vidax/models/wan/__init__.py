@@ -1,5 +1,6 @@
 """Wan 2.1 text-to-video diffusion transformer."""
 
+from vidax.models.wan.conditioning import conditioning
 from vidax.models.wan.config import (
     PRESETS,
     WanConfig,
@@ -15,6 +16,7 @@ __all__ = [
     "WanBlock",
     "WanConfig",
     "WanTransformer",
+    "conditioning",
     "from_diffusers_config",
     "key_map",
     "load",

@@ -172,7 +172,7 @@ PRESETS: dict[str, WanConfig] = {
     ),
     # The second shapes DiT (issue 16): ~8 M parameters, trained on one H200 by
     # `vidax train all --profile h200` at 32-64 px and 1-33 frames, conditioned by a trained
-    # `vidax.text.encoder.WordEncoder` (text_dim = its width).
+    # `vidax.models.word_encoder.WordEncoder` (text_dim = its width).
     "tiny-v2": WanConfig(
         dim=256,
         num_layers=8,

@@ -26,9 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from vidax import pipeline
 from vidax.data.shapes import EVAL_PROMPTS, SHAPES, EvalPrompt, render
 from vidax.metrics.evaluate import Summary, evaluate, summarise
 from vidax.metrics.scene import shapes_read
+from vidax.models.registry import get
+from vidax.models.weights import load_text_encoder
 
 # Metrics shown in the table, in order (higher is better unless marked).
 TABLE_METRICS = (
@@ -146,9 +149,6 @@ def evaluate_prompts(
     Returns:
         A `Report`.
     """
-    from vidax import pipeline
-    from vidax.models.registry import get
-
     spec = get(model)
     pairs = prompt_seeds(prompts, seeds)
     d = spec.defaults
@@ -162,22 +162,20 @@ def evaluate_prompts(
         "sampler": generate_kwargs.get("sampler") or d.sampler,
     }
     # Checked before any weights load or video renders: a bad size fails in a second.
-    pipeline.geometry(spec).latent_shape(
-        settings["num_frames"], settings["height"], settings["width"]
-    )
+    spec.geometry().latent_shape(settings["num_frames"], settings["height"], settings["width"])
     if min(settings["height"], settings["width"]) < 16:
         raise ValueError(
             f"height and width must be >= 16, got {settings['height']}x{settings['width']}"
         )
     start = time.perf_counter()
     if transformer is None:
-        transformer = pipeline.load_transformer(spec, None)
+        transformer = spec.load()
     if vae is None:
-        vae = pipeline.load_vae(spec, None)
+        vae = spec.load_vae()
     if vae is None:
         raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
     if text_encoder is None and spec.text_config is not None:
-        text_encoder = pipeline.load_text_encoder(spec)
+        text_encoder = load_text_encoder(spec)
     samples = []
     for i, (prompt, seed) in enumerate(pairs):
         video = pipeline.generate(

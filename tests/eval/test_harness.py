@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from vidax.data import EVAL_PROMPTS, render
-from vidax.metrics.harness import (
+from vidax.eval.harness import (
     Report,
     _score,
     contact_sheet,

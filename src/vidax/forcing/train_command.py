@@ -1,0 +1,111 @@
+"""CLI: `vidax train causal`, the tiny-causal recipe (diffusion forcing, then dense and sparse
+self-rollout) on the same typer CLI as `vidax train vae|dit|all`.
+
+    vidax train causal --root runs/tiny-causal --df-steps 600 --final-steps 60
+    vidax train causal --root runs/tiny-causal --only dense,sparse --ship
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vidax.forcing.model import CausalWan, load
+from vidax.forcing.train import WEIGHTS_FILE, tiny_causal_stages, train_stage
+from vidax.models.registry import ASSETS, get, get_causal, get_vae
+from vidax.models.weights import load_transformer
+
+STAGES = ("df", "dense", "sparse")
+
+
+def register(train_app: typer.Typer) -> None:
+    """Adds `causal` to the `vidax train` group."""
+    train_app.command("causal")(train_causal)
+
+
+def train_causal(
+    root: Annotated[Path, typer.Option(help="Run folder: one sub-folder per stage.")] = Path(
+        "runs/tiny-causal"
+    ),
+    df_steps: Annotated[int, typer.Option(help="Diffusion-forcing steps.")] = 600,
+    final_steps: Annotated[int, typer.Option(help="Self-rollout steps of dense and sparse.")] = 60,
+    batch_size: Annotated[int, typer.Option(help="Clips per step.")] = 1,
+    rollout_chunks: Annotated[int, typer.Option(help="Chunks per self-rollout.")] = 7,
+    teacher_steps: Annotated[int, typer.Option(help="Teacher sampling steps.")] = 6,
+    only: Annotated[
+        str, typer.Option(help="Stages to run, in order (comma-separated: df, dense, sparse).")
+    ] = "df,dense,sparse",
+    latents: Annotated[
+        Path | None, typer.Option(help="Latent cache of the tiny DiT stage (vidax.train.dit).")
+    ] = None,
+    transformer: Annotated[
+        Path | None, typer.Option(help="Bidirectional DiT weights (default: the shipped ones).")
+    ] = None,
+    vae: Annotated[
+        Path | None, typer.Option(help="VAE weights (default: the shipped ones).")
+    ] = None,
+    ship: Annotated[bool, typer.Option(help="Copy dense and sparse into vidax/assets.")] = False,
+) -> None:
+    """Train tiny-causal: diffusion forcing from the tiny DiT, then Self-Forcing (dense) and
+    Sparse Forcing (sparse) self-rollout, each stage resumable in its folder."""
+    stages = [s.strip() for s in only.split(",") if s.strip()]
+    if unknown := [s for s in stages if s not in STAGES]:
+        raise ValueError(f"unknown stage(s) {unknown} in --only; stages: {', '.join(STAGES)}")
+    if not stages:
+        raise ValueError("--only names no stage")
+    for name, value in (("--df-steps", df_steps), ("--final-steps", final_steps)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    for path in (latents, transformer, vae):
+        if path is not None and not path.exists():
+            raise FileNotFoundError(f"not found: {path}")
+    preset = get_causal("tiny-causal")
+    spec = preset.spec  # the base model with the preset's VAE
+    base = load_transformer(get(preset.base), transformer)
+    if vae is not None:
+        vae_spec = get_vae(spec.vae)
+        vae_model = vae_spec.loader(vae, vae_spec.config)
+    else:
+        vae_model = spec.load_vae()
+    _, h, w, c = spec.geometry().latent_shape(1, spec.defaults.height, spec.defaults.width)
+    configs = tiny_causal_stages(
+        df_steps=df_steps,
+        final_steps=final_steps,
+        batch_size=batch_size,
+        rollout_chunks=rollout_chunks,
+        teacher_steps=teacher_steps,
+        latent_hw=(h, w),
+        channels=c,
+        latents_dir=None if latents is None else str(latents),
+    )
+    root.mkdir(parents=True, exist_ok=True)
+
+    def weights(stage: str) -> CausalWan:
+        path = root / stage / WEIGHTS_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"stage {stage!r} has no weights yet: {path}")
+        return load(path, spec.config)
+
+    timings = {}
+    for stage in stages:
+        start = time.time()
+        if stage == "df":
+            train_stage(
+                root / stage, configs[stage], CausalWan.from_transformer(base), vae=vae_model
+            )
+        else:
+            train_stage(root / stage, configs[stage], weights("df"), teacher=weights("df"))
+        timings[stage] = time.time() - start
+        typer.echo(f"stage {stage}: {timings[stage] / 60:.1f} min")
+    (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    if ship:
+        out = ASSETS / preset.weights
+        out.mkdir(parents=True, exist_ok=True)
+        for attention in ("dense", "sparse"):
+            shutil.copy(root / attention / WEIGHTS_FILE, out / f"{attention}.safetensors")
+        typer.echo(f"shipped to {out}")
