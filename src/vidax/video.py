@@ -95,4 +95,4 @@ def read_video(path: str | os.PathLike) -> np.ndarray:
     import imageio.v3 as iio
 
     with _quiet_fork():
-        return np.asarray(iio.imread(path))
+        return np.asarray(iio.imread(Path(path)))

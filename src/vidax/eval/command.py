@@ -88,6 +88,10 @@ def evaluate(
         text_encoder = load_text_encoder(spec) if spec.text_config else None
     reports = []
     for label, prompts in sets:
+
+        def progress(i: int, n: int, label: str = label) -> None:
+            typer.echo(f"\r{label}: {i}/{n} videos", nl=False, err=True)
+
         reports.append(
             evaluate_prompts(
                 model,
@@ -97,9 +101,7 @@ def evaluate(
                 vae=vae,
                 text_encoder=text_encoder,
                 references=references,
-                on_sample=lambda i, n, label=label: typer.echo(
-                    f"\r{label}: {i}/{n} videos", nl=False, err=True
-                ),
+                on_sample=progress,
                 label=label,
                 steps=steps,
                 guidance=guidance,

@@ -128,7 +128,13 @@ def evaluate_prompts(
     references: bool = False,
     on_sample: Callable[[int, int], None] | None = None,
     label: str = "",
-    **generate_kwargs,
+    num_frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    steps: int | None = None,
+    guidance: float | None = None,
+    shift: float | None = None,
+    sampler: str | None = None,
 ) -> Report:
     """Generates every (prompt, seed) video with `vidax.pipeline.generate` and scores it.
 
@@ -142,9 +148,9 @@ def evaluate_prompts(
         references: also score each prompt's rendered ground truth and its VAE round trip.
         on_sample: progress callback (done, total).
         label: `Report.label`.
-        generate_kwargs: overrides for `generate` (num_frames, height, width, steps, guidance,
-            shift, sampler). height and width also size the rendered references; they must be
-            >= 16 (the renderer) and fit the model's latent geometry.
+        num_frames, height, width, steps, guidance, shift, sampler: overrides for `generate`
+            (None: the preset's default). height and width also size the rendered references;
+            they must be >= 16 (the renderer) and fit the model's latent geometry.
 
     Returns:
         A `Report`.
@@ -152,21 +158,23 @@ def evaluate_prompts(
     spec = get(model)
     pairs = prompt_seeds(prompts, seeds)
     d = spec.defaults
-    settings = {
-        "num_frames": generate_kwargs.get("num_frames") or d.num_frames,
-        "height": generate_kwargs.get("height") or d.height,
-        "width": generate_kwargs.get("width") or d.width,
-        "steps": generate_kwargs.get("steps") or d.steps,
-        "guidance": generate_kwargs.get("guidance") or d.guidance,
-        "shift": generate_kwargs.get("shift") or d.shift,
-        "sampler": generate_kwargs.get("sampler") or d.sampler,
+    # `is None`, not `or`: an explicit 0 (e.g. guidance 0.0) is a setting, not a default.
+    num_frames = d.num_frames if num_frames is None else num_frames
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    settings: dict[str, Any] = {
+        "num_frames": num_frames,
+        "height": height,
+        "width": width,
+        "steps": d.steps if steps is None else steps,
+        "guidance": d.guidance if guidance is None else guidance,
+        "shift": d.shift if shift is None else shift,
+        "sampler": d.sampler if sampler is None else sampler,
     }
     # Checked before any weights load or video renders: a bad size fails in a second.
-    spec.geometry().latent_shape(settings["num_frames"], settings["height"], settings["width"])
-    if min(settings["height"], settings["width"]) < 16:
-        raise ValueError(
-            f"height and width must be >= 16, got {settings['height']}x{settings['width']}"
-        )
+    spec.geometry().latent_shape(num_frames, height, width)
+    if min(height, width) < 16:
+        raise ValueError(f"height and width must be >= 16, got {height}x{width}")
     start = time.perf_counter()
     if transformer is None:
         transformer = spec.load()
@@ -187,6 +195,7 @@ def evaluate_prompts(
             text_encoder=text_encoder,
             **settings,
         )
+        assert video.frames is not None  # decoded: `vae` is given
         samples.append(_score(prompt, seed, video.frames))
         if on_sample is not None:
             on_sample(i + 1, len(pairs))

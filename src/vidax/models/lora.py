@@ -120,14 +120,14 @@ def unmerge_loras(transformer: nnx.Module, spec: ModelSpec, loras: Iterable[Lora
 
 
 def _apply(transformer: nnx.Module, spec, loras: Iterable[LoraLike], sign: float) -> None:
-    loras = [LoraSpec.of(lora) for lora in loras]
+    adapters = [LoraSpec.of(lora) for lora in loras]
     params = {
         ".".join(str(k) for k in path): variable
         for path, variable in nnx.to_flat_state(nnx.state(transformer, nnx.Param))
     }
     weights = _Weights(spec.family, _key_map(spec), params)
     changes: dict[tuple[str, int | None], list[tuple[_Delta, float]]] = defaultdict(list)
-    for lora in loras:  # read and check everything before changing anything
+    for lora in adapters:  # read and check everything before changing anything
         for delta in _read(lora.path, weights):
             changes[delta.rule.target, delta.layer].append((delta, sign * lora.scale))
     for (target, layer), items in changes.items():
@@ -199,7 +199,7 @@ _KINDS = (
 )
 # Key prefix -> separator of its module names, and the namings to try, in order, for a file's
 # keys with that prefix (the first that names every key is used).
-_PREFIXES = (
+_PREFIXES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("transformer.", ".", ("diffusers", "original")),
     ("base_model.model.", ".", ("diffusers", "original")),
     ("model.diffusion_model.", ".", ("original", "diffusers")),

@@ -240,7 +240,7 @@ def _with_pipeline_parts(spec: ModelSpec, root: Path) -> ModelSpec:
 
 
 # Scheduler options and the only values vidax's solvers implement.
-_EULER_FIXED = {
+_EULER_FIXED: dict[str, Any] = {
     "num_train_timesteps": 1000,
     "use_dynamic_shifting": False,
     "invert_sigmas": False,
@@ -258,7 +258,7 @@ _EULER_UNUSED = {
     "max_image_seq_len",
     "time_shift_type",
 }
-_UNIPC_FIXED = {
+_UNIPC_FIXED: dict[str, Any] = {
     **{k: v for k, v in _EULER_FIXED.items() if k.startswith("use_") or k == "num_train_timesteps"},
     "prediction_type": "flow_prediction",
     "use_flow_sigmas": True,

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from flax import nnx
@@ -30,6 +30,12 @@ from vidax.models.word_encoder import WordEncoderConfig
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
+class ModelClass(Protocol):
+    """A model class: built from its config and the random streams (`Model(config, rngs=...)`)."""
+
+    def __call__(self, config: Any, /, *, rngs: nnx.Rngs) -> nnx.Module: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """A model family: its package (exporting PRESETS, `load(path, config, ...)`, `key_map`,
@@ -37,7 +43,7 @@ class Family:
     `embedded_guidance`, see `vidax.pipeline.Adapter`) and its model class."""
 
     module: ModuleType
-    model: type[nnx.Module]
+    model: ModelClass
 
 
 FAMILIES: dict[str, Family] = {
@@ -107,7 +113,7 @@ class ModelSpec:
     text_config: Any = None
 
     @property
-    def module(self) -> type[nnx.Module]:
+    def module(self) -> ModelClass:
         return FAMILIES[self.family].model
 
     @property
@@ -156,8 +162,9 @@ class ModelSpec:
         """
         temporal, spatial = 4, 8
         channels = self.latent_channels
-        if self.vae is not None:
-            vae = self.vae_spec.config
+        vae_spec = self.vae_spec
+        if vae_spec is not None:
+            vae = vae_spec.config
             temporal, spatial = vae.temporal_factor, vae.spatial_factor
             if vae.z_dim != channels:
                 raise ValueError(
@@ -333,7 +340,7 @@ class VAESpec:
     path: Path | None = None
 
     @property
-    def module(self) -> type[nnx.Module]:
+    def module(self) -> ModelClass:
         return VAE_FAMILIES[self.family].model
 
     @property

@@ -187,9 +187,9 @@ def load_vae(
     Raises:
       CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
     """
-    if spec.vae is None:
-        return None
     vae = spec.vae_spec
+    if vae is None:
+        return None
     path = _vae_path(spec, None if checkpoint is None else Path(checkpoint))
     if path is not None:
         return vae.loader(path, vae.config)
@@ -200,8 +200,11 @@ def load_vae(
 
 
 def _vae_path(spec: ModelSpec, root: Path | None) -> Path | None:
-    if spec.vae_spec.path is not None:  # read from a checkpoint or given by --vae
-        return spec.vae_spec.path
+    vae = spec.vae_spec
+    if vae is None:
+        return None
+    if vae.path is not None:  # read from a checkpoint or given by --vae
+        return vae.path
     if root is not None and (root / "vae").is_dir():
         return root / "vae"
     return shipped(spec, "vae.safetensors")
@@ -219,7 +222,8 @@ def load_folder(spec: ModelSpec, folder: str | os.PathLike):
       FileNotFoundError: a file the folder should hold is missing.
     """
     folder = Path(folder)
-    if spec.vae is None:
+    vae = spec.vae_spec
+    if vae is None:
         raise ValueError(f"model {spec.name!r} has no VAE")
     needed = ["transformer.safetensors", "vae.safetensors"]
     if spec.text_config is not None:
@@ -227,7 +231,6 @@ def load_folder(spec: ModelSpec, folder: str | os.PathLike):
     for name in needed:
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder / name} not found")
-    vae = spec.vae_spec
     config = vae.config
     stats = folder / "latent_stats.json"
     if stats.exists():

@@ -23,7 +23,9 @@ def timestep_embedding(
     """
     half = dim // 2
     exponent = -math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / (half - freq_shift)
-    angles = t.astype(jnp.float32)[..., None] * jnp.exp(exponent)
+    angles = t.astype(jnp.float32)[..., None] * jnp.expand_dims(
+        jnp.exp(exponent), tuple(range(t.ndim))
+    )
     sin, cos = jnp.sin(angles), jnp.cos(angles)
     emb = jnp.concatenate([cos, sin] if flip_sin_to_cos else [sin, cos], axis=-1)
     if dim % 2:

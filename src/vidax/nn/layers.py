@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,12 @@ def param(value: jax.Array, axes: Axes) -> nnx.Param:
     if len(axes) != value.ndim:
         raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {value.shape}")
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def expand_left(v: jax.Array, ndim: int) -> jax.Array:
+    """`v` with unit axes prepended up to `ndim` axes, e.g. a (d,) bias as (1, 1, d): the
+    broadcast over leading axes made explicit (tests run with rank promotion = "raise")."""
+    return jnp.expand_dims(v, tuple(range(ndim - v.ndim)))
 
 
 class Linear(nnx.Module):
@@ -43,7 +50,7 @@ class Linear(nnx.Module):
     def __call__(self, x: Float[Array, "... i"]) -> Float[Array, "... o"]:
         y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
+            y = y + expand_left(self.bias[...].astype(self.dtype), y.ndim)
         return y
 
 
@@ -66,7 +73,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+        return (y * expand_left(self.scale[...].astype(jnp.float32), y.ndim)).astype(x.dtype)
 
 
 class LayerNorm(nnx.Module):
@@ -97,9 +104,9 @@ def layer_norm(x, eps: float, scale=None, bias=None):
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
     y = (xf - mean) * jax.lax.rsqrt(var + eps)
     if scale is not None:
-        y = y * scale[...].astype(jnp.float32)
+        y = y * expand_left(scale[...].astype(jnp.float32), y.ndim)
     if bias is not None:
-        y = y + bias[...].astype(jnp.float32)
+        y = y + expand_left(bias[...].astype(jnp.float32), y.ndim)
     return y.astype(x.dtype)
 
 
@@ -126,7 +133,7 @@ class FeedForward(nnx.Module):
         param_dtype: jnp.dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj_in = Linear(dim, hidden, axes=("embed", "mlp"), **kw)
         self.proj_out = Linear(hidden, dim, axes=("mlp", "embed"), **kw)
         self.activation = activation

@@ -97,6 +97,7 @@ def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
             state = part if state is None else merge_partials(state, part)
             if step + 1 < ring:
                 k, v = k_next, v_next
+        assert state is not None  # ring >= 1 steps ran
         return state[0].astype(q.dtype)
 
     out = jax.shard_map(

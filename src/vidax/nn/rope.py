@@ -46,6 +46,7 @@ def rope_angles(
         if n % 2:
             raise ValueError(f"rope axis dims must be even, got {axes_dims}")
         freqs = theta ** (-jnp.arange(0, n, 2, dtype=jnp.float32) / n)
+        freqs = jnp.expand_dims(freqs, tuple(range(positions.ndim - 1)))
         parts.append(positions[..., a : a + 1].astype(jnp.float32) * freqs)
     return jnp.concatenate(parts, axis=-1)
 

@@ -33,10 +33,12 @@ def register(app: typer.Typer) -> None:
         ] = DEFAULT_MAX_PIXELS,
     ) -> None:
         """Serve a web page and an HTTP API that make videos and stream them as they are made."""
-        uvicorn = require_extra("uvicorn", extra="serve", purpose="vidax serve")
+        require_extra("uvicorn", extra="serve", purpose="vidax serve")
         require_extra("starlette", extra="serve", purpose="vidax serve")
-        # Imported here: the app needs the serve extra (starlette), checked just above, and
+        # Imported here: they need the serve extra (uvicorn, starlette), checked just above, and
         # `vidax` imports this module at start-up for every command.
+        import uvicorn
+
         from vidax.serve.app import create_app
 
         if not 0 < port < 65536:

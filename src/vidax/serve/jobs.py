@@ -125,8 +125,10 @@ class JobQueue:
         if max_queue < 1:
             raise ValueError(f"--max-queue must be >= 1, got {max_queue}")
         self.max_jobs, self.max_queue = max_jobs, max_queue
-        self._tmp = None if workdir is not None else tempfile.mkdtemp(prefix="vidax-serve-")
-        self.workdir = Path(workdir if workdir is not None else self._tmp)
+        self._tmp: str | None = None
+        if workdir is None:
+            workdir = self._tmp = tempfile.mkdtemp(prefix="vidax-serve-")
+        self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._run = run if run is not None else Generator().run
         self._jobs: dict[str, Job] = {}  # in submission order
@@ -285,7 +287,7 @@ class Generator:
     chunk published as PNG frames as soon as it exists.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._models: dict[str, dict] = {}
 
     def run(self, job: Job, report: Callable[..., None]) -> None:
@@ -306,10 +308,12 @@ class Generator:
         from vidax.video import write_video
 
         r = job.request
-        report("denoising", 0.0, step=0, steps=r.steps)
+        steps = r.steps
+        assert steps is not None, "`requests.parse` fills in steps for non-causal models"
+        report("denoising", 0.0, step=0, steps=steps)
 
         def on_step(i: int) -> None:
-            report("denoising", (i + 1) / r.steps, step=i + 1, steps=r.steps)
+            report("denoising", (i + 1) / steps, step=i + 1, steps=steps)
 
         started = time.perf_counter()
         video = pipeline.generate(
@@ -338,6 +342,8 @@ class Generator:
                 {"family": c.family, "schedule": c.schedule.describe(), "cost": float(c.cost)}
                 for c in video.choices
             ]
+        if video.frames is None:
+            raise ValueError(f"model {r.model!r} has no VAE: no video to write")
         report("encoding", 1.0)
         write_video(job.path, video.frames, video.fps)
         job.frames_done = int(video.frames.shape[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from vidax.models.weights import TRANSFORMER, missing_message, missing_weights
 
@@ -53,6 +54,14 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 
 _NOUNS = {int: "an integer", str: "a string"}
+
+T = TypeVar("T")
+
+
+def _field(body: dict[str, Any], key: str, default: T) -> T:
+    """`body[key]` (its type checked against `_TYPES` already), or `default` if absent or null."""
+    value = body.get(key)
+    return default if value is None else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,11 +152,12 @@ def parse(
         missing = missing_weights(spec) or [TRANSFORMER]
         raise ValueError(missing_message(spec, missing))
     d = spec.defaults
-    frames = default_frames if get("frames") is None else get("frames")
-    height = d.height if get("height") is None else get("height")
-    width = d.width if get("width") is None else get("width")
+    frames = _field(body, "frames", default_frames)
+    height = _field(body, "height", d.height)
+    width = _field(body, "width", d.width)
     accel = get("accel") or "none"
-    budget = None if get("budget") is None else float(get("budget"))
+    given_budget = get("budget")
+    budget = None if given_budget is None else float(given_budget)
     steps = get("steps")
     if causal:
         given = [

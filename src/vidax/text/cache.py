@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -25,7 +26,14 @@ _FORMAT = 1  # bump when the stored layout or the embedding computation changes
 _SAMPLE = 8  # leading entries per axis of each parameter that go into the weight fingerprint
 
 
-def encoder_fingerprint(encoder: nnx.Module) -> str:
+class ConfiguredModule(Protocol):
+    """A module built from a config (`UMT5Encoder`, `WordEncoder`), which it keeps."""
+
+    @property
+    def config(self) -> Any: ...
+
+
+def encoder_fingerprint(encoder: ConfiguredModule) -> str:
     """A cheap hash identifying an encoder: its class, config and a corner of every parameter.
 
     Different checkpoints (or random initialisations) differ in these samples, while hashing

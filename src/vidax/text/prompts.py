@@ -167,9 +167,7 @@ def load_prompt_embeds(
     else:
         raise ValueError(f"{path}: prompt embeddings must be .npy or .safetensors")
 
-    def read(prefix: str) -> PromptEmbeds | None:
-        if f"{prefix}prompt_embeds" not in arrays:
-            return None
+    def read(prefix: str) -> PromptEmbeds:
         return fit_prompt_embeds(
             spec,
             arrays[f"{prefix}prompt_embeds"],
@@ -178,7 +176,8 @@ def load_prompt_embeds(
             source=str(path),
         )
 
-    return read(""), read("negative_")
+    negative = read("negative_") if "negative_prompt_embeds" in arrays else None
+    return read(""), negative
 
 
 def fit_prompt_embeds(
