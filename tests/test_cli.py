@@ -309,6 +309,17 @@ def test_generate_with_accel_says_what_dvg_chose(tmp_path):
     assert "of the full sampler's token-steps; denoising" in line
 
 
+def test_generate_with_the_step_cache_calibrates_then_skips(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIDAX_STEP_CACHE_DIR", str(tmp_path / "calibrations"))
+    args = ["generate", "--prompt", "a red circle", *SMALL, "--steps", "10", "--accel", "cache"]
+    first = runner.invoke(app, [*args, "--out", str(tmp_path / "a.mp4")])
+    assert first.exit_code == 0, first.output
+    assert "step cache skipped 0 of 10 model forwards (calibrated now" in first.output
+    second = runner.invoke(app, [*args, "--out", str(tmp_path / "b.mp4")])
+    assert second.exit_code == 0, second.output
+    assert "step cache skipped 3 of 10 model forwards; denoising" in second.output
+
+
 def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
     import importlib.util
 

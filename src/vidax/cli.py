@@ -351,6 +351,19 @@ def generate(
             highlight=False,
             soft_wrap=True,
         )
+    if video.step_cache is not None:
+        c = video.step_cache
+        console.print(
+            f"accel {accel}: step cache skipped {c.skipped} of {c.steps} model forwards"
+            + (
+                f" (calibrated now: a full run, kept in {c.calibration}; later runs skip steps)"
+                if c.calibrating
+                else ""
+            )
+            + f"; denoising {video.denoise_seconds:.1f}s",
+            highlight=False,
+            soft_wrap=True,
+        )
     frames_out = video.frames if video.frames.ndim == 4 else video.frames[0]
     if out.suffix == ".npz":
         np.savez(out, frames=video.frames, latents=video.latents, noise=video.noise)

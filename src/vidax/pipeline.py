@@ -17,8 +17,11 @@ first step that produced them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +35,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import dvg, sampling
-from vidax.checkpoint import CheckpointError
+from vidax.checkpoint import CheckpointError, write_atomic
 from vidax.models.lora import LoraLike, merge_loras
 from vidax.models.registry import ModelSpec
 from vidax.models.weights import (
@@ -50,6 +53,7 @@ from vidax.models.weights import (
     warn_random,
     with_vae,
 )
+from vidax.sampling import step_cache
 from vidax.sharding import auto_mesh, use_mesh
 from vidax.text.prompts import PromptEmbeds, embed_prompts, fit_prompt_embeds
 
@@ -71,6 +75,20 @@ class Video:
     choices: list | None = None
     # Wall-clock seconds of the denoising (compilation included), without the VAE decode.
     denoise_seconds: float | None = None
+    # With accel "cache" / "dvg+cache": what the step cache did.
+    step_cache: StepCacheReport | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCacheReport:
+    """What the step cache did in one `generate`: `skipped` of `steps` model forwards reused the
+    previous step's output; `calibrating`: no calibration existed, so a full run made one
+    (written to `calibration`) and, for accel="cache", is the result."""
+
+    steps: int
+    skipped: int
+    calibration: Path
+    calibrating: bool
 
 
 # -- families -------------------------------------------------------------------------------------
@@ -132,13 +150,44 @@ def denoise(
     Raises:
       ValueError: the latent turned non-finite (NaN or inf), naming the first step where it did.
     """
+    latents, _ = _denoise(model, noise, cond, negative, solver, guidance, model_input, on_step)
+    return latents
+
+
+def denoise_cached(
+    model: nnx.Module,
+    noise: jax.Array,
+    cond: Conditioning,
+    negative: Conditioning | None,
+    *,
+    solver,
+    guidance: float,
+    skip: Sequence[bool],
+    model_input: Callable[[jax.Array], jax.Array] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[jax.Array, np.ndarray]:
+    """`denoise` with a step cache: the steps `skip` marks reuse the previous step's model
+    output (`vidax.sampling.step_cache`); all False is `denoise` exactly.
+
+    Returns:
+      (latents, changes): changes (num_steps,) the relative output change of each computed step
+      from the one before (NaN where not measured), a calibration for `plan_skips`.
+    """
+    latents, changes = _denoise(
+        model, noise, cond, negative, solver, guidance, model_input, on_step, tuple(skip)
+    )
+    assert changes is not None
+    return latents, changes
+
+
+def _denoise(model, noise, cond, negative, solver, guidance, model_input, on_step, skip=None):
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     run = _compiled_loop(
-        graphdef, solver, float(guidance), use_cfg, model_input, on_step is not None
+        graphdef, solver, float(guidance), use_cfg, model_input, on_step is not None, skip
     )
     with sampling.reporting_steps(on_step):
-        latents, first_bad = run(state, noise, cond, negative if use_cfg else None)
+        latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
         # One scalar read after the whole loop: no per-step host sync.
         step = int(first_bad)
     if step >= 0:
@@ -146,7 +195,7 @@ def denoise(
             f"sampling produced non-finite latents (NaN or inf) at denoising step {step + 1} of "
             f"{solver.num_steps}: check the weights, the prompt embeddings and the guidance scale"
         )
-    return latents
+    return latents, None if changes is None else np.asarray(changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +230,9 @@ class _WatchFinite:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input, progress: bool):
+def _compiled_loop(
+    graphdef, solver, guidance: float, use_cfg: bool, model_input, progress: bool, skip=None
+):
     # Cached on static values only: the progress callback goes through `sampling.step_hook`.
     prepare = model_input or (lambda x: x)
 
@@ -199,16 +250,18 @@ def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, model_input
             velocity = lambda x, t: model_fn(x, t, cond)
         watched = _WatchFinite(solver)
         x = noise.astype(jnp.float32)
-        x, (_, first_bad) = sampling.sample_steps(
-            velocity,
-            x,
-            watched,
-            watched.init(x),
-            start=0,
-            stop=solver.num_steps,
-            on_step=sampling.step_hook if progress else None,
+        steps = dict(
+            start=0, stop=solver.num_steps, on_step=sampling.step_hook if progress else None
         )
-        return x, first_bad
+        if skip is None:
+            x, (_, first_bad) = sampling.sample_steps(
+                velocity, x, watched, watched.init(x), **steps
+            )
+            return x, first_bad, None
+        x, (_, first_bad), changes = step_cache.cached_steps(
+            velocity, x, watched, watched.init(x), skip, **steps
+        )
+        return x, first_bad, changes
 
     return run
 
@@ -279,9 +332,14 @@ def generate(
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
       on_step: host callback per denoising step.
       accel: progressive sampling (`vidax.dvg.accelerate`): "dvg" (content-aware), "spatial",
-        "temporal", "joint", or "none" (this module's sampler).
-      budget: for accel != "none", the fraction of full-sampling compute to spend (default
-        `vidax.dvg.DEFAULT_BUDGET`).
+        "temporal", "joint"; "cache": a step cache (`vidax.sampling.step_cache`: forwards whose
+        output barely changes reuse the previous one, planned from this model's calibration,
+        which a first full run makes and keeps in $VIDAX_STEP_CACHE_DIR or
+        ~/.cache/vidax/step_cache); "dvg+cache": DVG with the step cache in its stages; or
+        "none" (this module's sampler). `Video.step_cache` says what the cache did.
+      budget: for DVG, the fraction of full-sampling token-steps to spend (default
+        `vidax.dvg.DEFAULT_BUDGET`); for "cache", the fraction of model forwards to run
+        (default `step_cache.DEFAULT_KEEP`, which "dvg+cache" uses for its cache).
       random_weights: run the parts that have no weights (transformer, VAE, trained text
         encoder) on random initialisation, with one `RandomWeightsWarning`; without it, missing
         weights are a `CheckpointError` naming every missing part.
@@ -365,42 +423,56 @@ def generate(
         if lora:
             merge_loras(transformer, spec, lora)
     model_input = family.model_input
-    run = functools.partial(
-        denoise,
-        transformer,
-        solver=solver,
-        guidance=cfg_scale,
-        model_input=model_input,
-        on_step=on_step,
-    )
+    if accel not in ACCEL_MODES:
+        raise ValueError(f"accel must be one of {', '.join(ACCEL_MODES)}, got {accel!r}")
+    progressive = accel.removesuffix("+cache") if accel != "cache" else "none"
+    sampler_kw = dict(solver=solver, guidance=cfg_scale, model_input=model_input, on_step=on_step)
+    mesh_context = contextlib.nullcontext()
+    if mesh is not None:
+        batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
+        noise = jax.device_put(noise, NamedSharding(mesh, PartitionSpec(batch_axes or None)))
+        mesh_context = use_mesh(mesh, strategy or "fsdp")
     choices: list = []
-    if accel != "none":
-
-        def run(noise, cond, negative):
-            latents, chosen = dvg.accelerate(
+    cache: StepCacheReport | None = None
+    latents = None
+    started = time.perf_counter()
+    with mesh_context:
+        skip = None
+        if accel in ("cache", "dvg+cache"):
+            # The skip plan comes from this model's calibration; without one, a full run
+            # calibrates first (for accel="cache" it is also the answer).
+            path = _calibration_path(spec, checkpoint, solver, shape, cfg_scale)
+            changes = _read_calibration(path)
+            calibrating = changes is None
+            if changes is None:
+                latents, changes = denoise_cached(
+                    transformer, noise, cond, negative, skip=(False,) * steps, **sampler_kw
+                )
+                _write_calibration(path, changes)
+            if accel == "dvg+cache" or not calibrating:
+                keep = budget if accel == "cache" and budget is not None else None
+                skip = step_cache.plan_skips(changes, keep or step_cache.DEFAULT_KEEP)
+            skipped = 0 if skip is None else sum(skip)
+            cache = StepCacheReport(steps, skipped, path, calibrating)
+            if accel == "cache" and skip is not None:
+                latents, _ = denoise_cached(
+                    transformer, noise, cond, negative, skip=skip, **sampler_kw
+                )
+        if progressive != "none":
+            latents, choices = dvg.accelerate(
                 transformer,
                 noise,
                 cond,
                 negative,
-                solver=solver,
-                guidance=cfg_scale,
-                accel=accel,
+                accel=progressive,
                 budget=dvg.DEFAULT_BUDGET if budget is None else budget,
                 policy=dvg.Policy(spatial=spec.dvg_spatial),
-                model_input=model_input,
-                on_step=on_step,
+                skip=skip,
+                **sampler_kw,
             )
-            choices.extend(chosen)
-            return latents
-
-    started = time.perf_counter()
-    if mesh is not None:
-        batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
-        noise = jax.device_put(noise, NamedSharding(mesh, PartitionSpec(batch_axes or None)))
-        with use_mesh(mesh, strategy or "fsdp"):
-            latents = jax.block_until_ready(run(noise, cond, negative))
-    else:
-        latents = jax.block_until_ready(run(noise, cond, negative))
+        elif latents is None:
+            latents = denoise(transformer, noise, cond, negative, **sampler_kw)
+        latents = jax.block_until_ready(latents)
     denoise_seconds = time.perf_counter() - started
     if not np.isfinite(np.asarray(latents)).all():  # `denoise` names the step; dvg cannot
         raise ValueError(f"sampling (--accel {accel}) produced non-finite latents (NaN or inf)")
@@ -421,6 +493,7 @@ def generate(
         noise=initial_noise,
         choices=choices or None,
         denoise_seconds=denoise_seconds,
+        step_cache=cache,
     )
 
 
@@ -514,3 +587,46 @@ class _ModelInput:
 
     def __call__(self, x):
         return self.fn(self.config, x)
+
+
+# `generate(accel=...)`: DVG's progressive modes, the step cache, and DVG with the step cache.
+ACCEL_MODES = (*dvg.ACCEL_MODES, "cache", "dvg+cache")
+ENV_STEP_CACHE = "VIDAX_STEP_CACHE_DIR"
+
+
+def _calibration_path(spec: ModelSpec, checkpoint, solver, shape, guidance: float) -> Path:
+    """Where the step-cache calibration of this model, weights, schedule, size and guidance is
+    kept: $VIDAX_STEP_CACHE_DIR, else $XDG_CACHE_HOME/vidax/step_cache (~/.cache/...)."""
+    key = repr(
+        (
+            spec.name,
+            spec.config,
+            None if checkpoint is None else str(Path(checkpoint).resolve()),
+            type(solver).__name__,
+            np.round(np.asarray(solver.sigmas, np.float64), 6).tolist(),
+            tuple(shape),
+            round(float(guidance), 6),
+        )
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = os.environ.get(ENV_STEP_CACHE)
+    if root is None:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vidax"
+        root = root / "step_cache"
+    return Path(root) / f"{spec.name}-{digest}.json"
+
+
+def _read_calibration(path: Path) -> np.ndarray | None:
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text())["changes"]
+        return np.asarray([np.nan if v is None else v for v in values], np.float64)
+    except (ValueError, KeyError, TypeError):  # unreadable: calibrate again
+        return None
+
+
+def _write_calibration(path: Path, changes: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = [None if not np.isfinite(c) else float(c) for c in changes]
+    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps({"changes": values}) + "\n"))

@@ -10,6 +10,9 @@ from vidax.models.registry import get
 
 def test_generate_kwargs_validate():
     assert generate_kwargs("dvg", 0.3) == {"accel": "dvg", "budget": 0.3}
+    # No budget: the pipeline picks each mode's default (DVG's token-steps, the cache's forwards).
+    assert generate_kwargs("cache", None) == {"accel": "cache", "budget": None}
+    assert generate_kwargs("dvg+cache", 0.4) == {"accel": "dvg+cache", "budget": 0.4}
     with pytest.raises(ValueError, match="--accel must be one of"):
         generate_kwargs("fast", 0.3)
     for bad in (0.0, 1.5, -1.0):

@@ -15,9 +15,9 @@ from typing import Annotated
 
 import typer
 
-from vidax.dvg.sampler import ACCEL_MODES, DEFAULT_BUDGET
+from vidax.dvg.sampler import DEFAULT_BUDGET
 
-CLI_MODES = ("dvg", "spatial", "temporal", "joint", "none")
+CLI_MODES = ("dvg", "spatial", "temporal", "joint", "cache", "dvg+cache", "none")
 
 AccelOption = Annotated[
     str,
@@ -25,7 +25,9 @@ AccelOption = Annotated[
         "--accel",
         help=(
             "Progressive sampling: dvg (a probe picks time/space reduction per video), "
-            "spatial | temporal | joint (fixed reduction), none (full resolution)."
+            "spatial | temporal | joint (fixed reduction); cache (skip the model forwards "
+            "whose output barely changes, calibrated by a first full run); dvg+cache (both); "
+            "none (full resolution, every step)."
         ),
     ),
 ]
@@ -35,8 +37,8 @@ BudgetOption = Annotated[
         "--budget",
         help=(
             "Speed/quality preference for --accel: the fraction of full-sampling compute to "
-            "spend, in (0, 1] (default 0.2: ~5x fewer token-steps; 1 = no reduction). "
-            "Needs --accel."
+            "spend, in (0, 1] (DVG default 0.2: ~5x fewer token-steps; cache: the fraction of "
+            "model forwards to run, default 0.6; 1 = no reduction). Needs --accel."
         ),
     ),
 ]
@@ -50,10 +52,10 @@ def generate_kwargs(accel: str, budget: float | None) -> dict:
     `budget` None means the default (`DEFAULT_BUDGET`). Raises ValueError (a one-line CLI error)
     on an unknown mode, a budget outside (0, 1], or a budget without an accelerated mode.
     """
-    if accel not in ACCEL_MODES:
+    if accel not in CLI_MODES:
         raise ValueError(f"--accel must be one of {', '.join(CLI_MODES)}, got {accel!r}")
-    if budget is None:
-        return {"accel": accel, "budget": DEFAULT_BUDGET}
+    if budget is None:  # `vidax.pipeline.generate` picks the mode's default
+        return {"accel": accel, "budget": None}
     if not 0 < budget <= 1:
         raise ValueError(f"--budget must be in (0, 1], got {budget}")
     if accel == "none":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -95,8 +95,12 @@ def run_stage(
     index: int,
     *,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
 ):
     """Runs one stage from x at its entry level.
+
+    `skip` (the base schedule's steps, `vidax.sampling.step_cache`) marks steps that reuse the
+    previous velocity; a stage's first step and a reduced stage's last step always compute.
 
     Returns:
       The last stage: the sample (b, t, h, w, c). A reduced stage: (x0, eps_hat) on its grid,
@@ -106,11 +110,15 @@ def run_stage(
     velocity = stage_velocity(velocity_fn, plan, stage)
     solver = stage.solver
     callback = None if on_step is None else (lambda i: on_step(i + stage.start))
-    if index == len(plan.stages) - 1:
-        return sampling.sample(velocity, x, solver, on_step=callback)
     n = solver.num_steps
+    local = None
+    if skip is not None:  # the stage's steps are the base schedule's [start, start + n)
+        local = tuple(skip[stage.start : stage.start + n]) + (False,) * n
+        local = local[:n]
+    if index == len(plan.stages) - 1:
+        return sampling.sample(velocity, x, solver, on_step=callback, skip=local)
     x, _ = sampling.sample_steps(
-        velocity, x, solver, solver.init(x), start=0, stop=n - 1, on_step=callback
+        velocity, x, solver, solver.init(x), start=0, stop=n - 1, on_step=callback, skip=local
     )
     # The last update lands on sigma = 0, i.e. on the clean prediction (Euler and UniPC alike);
     # done by hand to keep the noise prediction too.
@@ -162,6 +170,7 @@ def sample(
     key: jax.Array | None = None,
     resume: Probe | None = None,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
 ) -> jax.Array:
     """Integrates every stage of `plan`; call inside `jax.jit` to compile the schedule once.
 
@@ -172,6 +181,7 @@ def sample(
       key: PRNG key for `plan.noise == "fresh"`.
       resume: a `Probe` of this plan's stage 0 (same latent): start at stage 1 from it.
       on_step: host callback with the base schedule's step index after each step.
+      skip: (base steps,) steps that reuse the previous velocity (`vidax.sampling.step_cache`).
 
     Returns:
       (b, t, h, w, c) float32 sample.
@@ -194,7 +204,7 @@ def sample(
         x, noise = transition(resume.x0, resume.eps_hat, noise, plan, 1, key=key)
         start = 1
     for index in range(start, len(stages)):
-        out = run_stage(velocity_fn, x, plan, index, on_step=on_step)
+        out = run_stage(velocity_fn, x, plan, index, on_step=on_step, skip=skip)
         if index == len(stages) - 1:
             return out
         x, noise = transition(*out, noise, plan, index + 1, key=key)
@@ -235,6 +245,7 @@ def denoise(
     resume: Probe | None = None,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
 ) -> jax.Array:
     """Runs a plan with a DiT under one jit (compiled once per plan); returns the latent.
 
@@ -246,10 +257,14 @@ def denoise(
       guidance: classifier-free guidance scale.
       key / resume / on_step: see `sample`.
       model_input: maps the latent to the model input (as `vidax.pipeline.denoise`).
+      skip: (base steps,) steps that reuse the previous velocity (see `sample`).
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled(graphdef, plan, float(guidance), use_cfg, model_input, on_step is not None)
+    skip = None if skip is None else tuple(bool(s) for s in skip)
+    run = _compiled(
+        graphdef, plan, float(guidance), use_cfg, model_input, on_step is not None, skip
+    )
     with sampling.reporting_steps(on_step):
         return jax.block_until_ready(
             run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
@@ -257,7 +272,7 @@ def denoise(
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bool):
+def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bool, skip=None):
     # Cached on static values only: the progress callback goes through `sampling.step_hook`.
     on_step = sampling.step_hook if progress else None
 
@@ -265,7 +280,7 @@ def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bo
     def run(state, noise, cond, negative, key, resume):
         model = nnx.merge(graphdef, state)
         velocity = model_velocity(model, cond, negative, guidance, model_input)
-        return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step)
+        return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step, skip=skip)
 
     return run
 
@@ -361,6 +376,7 @@ def accelerate(
     key: jax.Array | None = None,
     model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
     **options,
 ) -> tuple[jax.Array, list]:
     """Denoises with a reduced-grid schedule picked per video; returns (latents, choices).
@@ -384,6 +400,8 @@ def accelerate(
         under `spatial=False` runs with a warning.
       key: PRNG key for `noise="fresh"` plans.
       on_step: host callback per step (base-schedule step index).
+      skip: (base steps,) steps whose model forward reuses the previous step's output in every
+        stage (`vidax.sampling.step_cache`; the probe computes every step).
       **options: `plan` options (temporal, spatial, rope, noise).
 
     Returns:
@@ -416,7 +434,13 @@ def accelerate(
         **options,
     )
     run = functools.partial(
-        denoise, model, guidance=guidance, key=key, model_input=model_input, on_step=on_step
+        denoise,
+        model,
+        guidance=guidance,
+        key=key,
+        model_input=model_input,
+        on_step=on_step,
+        skip=skip,
     )
 
     if accel == "none" or budget >= 1:

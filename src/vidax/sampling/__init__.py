@@ -3,10 +3,12 @@
 - `FlowEuler`, `UniPC`: pure-functional solvers (diffusers parity) with `sigmas`, `timesteps`,
   `init(x)` and `step(state, i, x, v)`; `make_solver(name, num_steps, shift)` builds one by name.
 - `sample` / `sample_steps`: the `lax.fori_loop` over solver steps.
+- `step_cache`: skip forwards whose output barely changes (`plan_skips`, `cached_steps`).
 - `classifier_free_guidance`: one batched forward for the guided velocity.
 - `shift_sigmas`, `predict_x0`, `renoise`: rectified-flow algebra.
 """
 
+from vidax.sampling import step_cache
 from vidax.sampling.loop import (
     classifier_free_guidance,
     predict_x0,
@@ -40,5 +42,6 @@ __all__ = [
     "sample",
     "sample_steps",
     "shift_sigmas",
+    "step_cache",
     "step_hook",
 ]

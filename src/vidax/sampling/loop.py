@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from vidax.sampling import step_cache
 from vidax.sampling.schedulers import Solver
 
 VelocityFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -55,6 +56,7 @@ def sample_steps(
     start: int,
     stop: int,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
 ) -> tuple[jax.Array, Any]:
     """Runs solver steps [start, stop) from a given solver state; returns (x, state).
 
@@ -68,7 +70,14 @@ def sample_steps(
       state: the solver state at `start`.
       start / stop: step range, 0 <= start <= stop <= N (Python ints).
       on_step: host callback `on_step(i)` after each step, through `jax.debug.callback`.
+      skip: (N,) static bools: steps that reuse the previous step's velocity instead of calling
+        `velocity_fn` (`vidax.sampling.step_cache`); None: every step calls it.
     """
+    if skip is not None and any(skip):
+        x, state, _ = step_cache.cached_steps(
+            velocity_fn, x, solver, state, skip, start=start, stop=stop, on_step=on_step
+        )
+        return x, state
     n = solver.num_steps
     if not (0 <= start <= stop <= n):
         raise ValueError(f"need 0 <= start <= stop <= num_steps={n}, got start={start} stop={stop}")
@@ -95,6 +104,7 @@ def sample(
     start: int = 0,
     stop: int | None = None,
     on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
 ) -> jax.Array:
     """Integrates the flow ODE over steps [start, stop) with a fresh solver state.
 
@@ -109,13 +119,14 @@ def sample(
       solver: a `vidax.sampling` solver (`make_solver`, `FlowEuler`, `UniPC`).
       start / stop: step range (default: the whole schedule).
       on_step: host callback `on_step(i)` after each step (progress bars).
+      skip: steps that reuse the previous velocity (see `sample_steps`).
 
     Returns:
       x at `solver.sigmas[stop]`, x's shape and dtype.
     """
     stop = solver.num_steps if stop is None else stop
     x, _ = sample_steps(
-        velocity_fn, x, solver, solver.init(x), start=start, stop=stop, on_step=on_step
+        velocity_fn, x, solver, solver.init(x), start=start, stop=stop, on_step=on_step, skip=skip
     )
     return x
 
