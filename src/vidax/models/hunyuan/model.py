@@ -30,8 +30,9 @@ from einops import rearrange
 from flax import nnx
 from jaxtyping import Array, Bool, Float
 
+from vidax.models.dit_stages import MLPEmbedder, VideoDiT
 from vidax.models.hunyuan.config import HunyuanVideoConfig
-from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
+from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention
 from vidax.nn.embeddings import timestep_embedding
 from vidax.nn.layers import FeedForward, gelu_tanh, layer_norm, modulate
 from vidax.nn.scan import scan_layers, stack_layers
@@ -116,29 +117,6 @@ def _gated(x: jax.Array, y: jax.Array, gate: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) + y.astype(jnp.float32) * gate).astype(x.dtype)
 
 
-class MLPEmbedder(nnx.Module):
-    """linear_2(act(linear_1(x))): the timestep, guidance and pooled-text embedders."""
-
-    def __init__(
-        self,
-        in_dim: int,
-        dim: int,
-        *,
-        in_axis: str,
-        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
-        dtype,
-        param_dtype,
-        rngs: nnx.Rngs,
-    ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.linear_1 = Linear(in_dim, dim, axes=(in_axis, "embed"), **kw)
-        self.linear_2 = Linear(dim, dim, axes=("embed", None), **kw)
-        self.activation = activation
-
-    def __call__(self, x: Float[Array, "... e"]) -> Float[Array, "... d"]:
-        return self.linear_2(self.activation(self.linear_1(x)))
-
-
 class DualAttention(nnx.Module):
     """Projections of the dual-stream joint attention: video (to_*) and text (add_*) weights,
     per-head RMSNorm on q and k of both streams."""
@@ -166,9 +144,9 @@ class DualAttention(nnx.Module):
         return q, k, _heads(self.to_v(x), n)
 
 
-class DualStreamBlock(nnx.Module):
-    """MM-DiT block: separate adaLN-zero modulation, projections and FFNs for video and text,
-    one joint attention over [video; text] (RoPE on video only)."""
+class _Block(nnx.Module):
+    """The constructor the HunyuanVideo blocks share; each builds its own layers in `_layers`
+    (in checkpoint order, which fixes the random initialisation)."""
 
     def __init__(
         self,
@@ -182,15 +160,33 @@ class DualStreamBlock(nnx.Module):
         param_dtype,
         rngs: nnx.Rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self._layers(
+            dim, num_heads, mlp_dim, eps, dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        )
+        self.num_heads = num_heads
+        self.eps = eps
+        self.attention_impl = attention_impl
+
+    def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
+        raise NotImplementedError
+
+
+def _stack(block: type[_Block], num_layers: int, *args, rngs: nnx.Rngs, **kwargs) -> _Block:
+    """`num_layers` blocks stacked on a leading "layers" axis (see `stack_layers`)."""
+    return stack_layers(num_layers, lambda r: block(*args, **kwargs, rngs=r), rngs)
+
+
+class DualStreamBlock(_Block):
+    """MM-DiT block: separate adaLN-zero modulation, projections and FFNs for video and text,
+    one joint attention over [video; text] (RoPE on video only)."""
+
+    def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
         f32 = {**kw, "dtype": jnp.float32}  # modulation is computed in float32
         self.modulation = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.modulation_context = Linear(dim, 6 * dim, axes=("embed", "modulation"), **f32)
         self.attn = DualAttention(dim, num_heads, eps=eps, **kw)
         self.ff = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
         self.ff_context = FeedForward(dim, mlp_dim, activation=gelu_tanh, **kw)
-        self.eps = eps
-        self.attention_impl = attention_impl
 
     def __call__(
         self,
@@ -232,23 +228,12 @@ class DualStreamBlock(nnx.Module):
         return shard(x, _VIDEO), shard(context, _TEXT)
 
 
-class SingleStreamBlock(nnx.Module):
+class SingleStreamBlock(_Block):
     """One weight set over the concatenated [video; text] tokens: adaLN-zero, then attention and
     a GELU-tanh MLP in parallel whose outputs share one output projection."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_dim: int,
-        *,
-        eps: float,
-        attention_impl: str,
-        dtype,
-        param_dtype,
-        rngs: nnx.Rngs,
-    ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
+        param_dtype = kw["param_dtype"]
         f32 = {**kw, "dtype": jnp.float32}  # modulation is computed in float32
         self.modulation = Linear(dim, 3 * dim, axes=("embed", "modulation"), **f32)
         for name in ("to_q", "to_k", "to_v"):
@@ -259,9 +244,6 @@ class SingleStreamBlock(nnx.Module):
         # The input is [attention output (heads); MLP hidden (mlp)]: annotated as "mlp", the
         # larger part, so tensor parallelism splits the contraction.
         self.proj_out = Linear(dim + mlp_dim, dim, axes=("mlp", "embed"), **kw)
-        self.num_heads = num_heads
-        self.eps = eps
-        self.attention_impl = attention_impl
 
     def __call__(
         self,
@@ -285,22 +267,11 @@ class SingleStreamBlock(nnx.Module):
         return shard(_gated(x, out, gate), _VIDEO)
 
 
-class RefinerBlock(nnx.Module):
+class RefinerBlock(_Block):
     """Token refiner block: x += g1 * Attn(LN x); x += g2 * FFN_silu(LN x), gates from temb."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_dim: int,
-        *,
-        eps: float,
-        attention_impl: str,
-        dtype,
-        param_dtype,
-        rngs: nnx.Rngs,
-    ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
+        param_dtype = kw["param_dtype"]
         self.norm1 = LayerNorm(dim, eps=eps, param_dtype=param_dtype)
         for name in ("to_q", "to_k", "to_v"):
             setattr(self, name, Linear(dim, dim, axes=("embed", "heads"), **kw))
@@ -310,8 +281,6 @@ class RefinerBlock(nnx.Module):
         self.gates = Linear(
             dim, 2 * dim, axes=("embed", "modulation"), **{**kw, "dtype": jnp.float32}
         )
-        self.num_heads = num_heads
-        self.attention_impl = attention_impl
 
     def __call__(
         self, x: Float[Array, "b s d"], temb: Float[Array, "b d"], key_mask: Bool[Array, "b s"]
@@ -351,19 +320,15 @@ class TokenRefiner(nnx.Module):
         self.time_embedder = MLPEmbedder(freq_dim, dim, in_axis="freq", **f32)
         self.pooled_embedder = MLPEmbedder(text_dim, dim, in_axis="text_embed", **f32)
         self.proj_in = Linear(text_dim, dim, axes=("text_embed", "embed"), **kw)
-        self.blocks = stack_layers(
+        self.blocks = _stack(
+            RefinerBlock,
             num_layers,
-            lambda r: RefinerBlock(
-                dim,
-                num_heads,
-                mlp_dim,
-                eps=eps,
-                attention_impl=attention_impl,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                rngs=r,
-            ),
-            rngs,
+            dim,
+            num_heads,
+            mlp_dim,
+            eps=eps,
+            attention_impl=attention_impl,
+            **kw,
         )
         self.freq_dim = freq_dim
         self.remat = remat
@@ -395,33 +360,28 @@ class TokenRefiner(nnx.Module):
 # -- the model ---------------------------------------------------------------------------------
 
 
-class DualStreamDiT(nnx.Module):
-    """Stages shared by HunyuanVideo 1 and 1.5: patch embedding, RoPE, the scanned dual-stream
-    blocks and the output head. Subclasses add their conditioning (and single-stream blocks)."""
+class DualStreamDiT(VideoDiT):
+    """Stages shared by HunyuanVideo 1 and 1.5: the scanned dual-stream blocks and the output
+    head. Subclasses add their conditioning (and single-stream blocks)."""
+
+    PATCH_EMBEDDING = "x_embedder"
+    # diffusers orders each token's output features (c, pt, ph, pw).
+    OUT_FEATURES = "(c pt ph pw)"
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         c = self.config = config
         kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.x_embedder = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
-        self.double_blocks = stack_layers(
-            c.num_layers,
-            lambda r: DualStreamBlock(
-                c.dim,
-                c.num_heads,
-                c.mlp_dim,
-                eps=c.eps,
-                attention_impl=c.attention_impl,
-                dtype=c.compute_dtype,
-                param_dtype=c.storage_dtype,
-                rngs=r,
-            ),
-            rngs,
-        )
+        self.double_blocks = self._blocks(DualStreamBlock, c.num_layers, rngs)
         # Output head: AdaLayerNormContinuous, whose modulation chunks are (scale, shift).
         self.norm_out = Linear(
             c.dim, 2 * c.dim, axes=("embed", "modulation"), **{**kw, "dtype": jnp.float32}
         )
         self.proj_out = Linear(c.dim, c.out_features, axes=("embed", "patch"), **kw)
+
+    def _blocks(self, block: type[_Block], num_layers: int, rngs: nnx.Rngs) -> _Block:
+        c = self.config
+        return _stack(block, num_layers, c.dim, c.num_heads, c.mlp_dim, rngs=rngs, **_block_kw(c))
 
     def _refiner(self, rngs: nnx.Rngs) -> TokenRefiner:
         c = self.config
@@ -432,48 +392,12 @@ class DualStreamDiT(nnx.Module):
             c.refiner_mlp_dim,
             c.num_refiner_layers,
             freq_dim=c.freq_dim,
-            eps=c.eps,
-            attention_impl=c.attention_impl,
             remat=c.remat,
-            dtype=c.compute_dtype,
-            param_dtype=c.storage_dtype,
             rngs=rngs,
+            **_block_kw(c),
         )
 
     # -- stages -------------------------------------------------------------------------------
-
-    def embed(
-        self, x: Float[Array, "b t h w c"]
-    ) -> tuple[Float[Array, "b l d"], tuple[int, int, int]]:
-        """Patchifies the latent into tokens; returns them and the token grid (t', h', w')."""
-        c = self.config
-        if x.ndim != 5:
-            raise ValueError(f"expected a (b, t, h, w, c) latent, got shape {x.shape}")
-        _, t, h, w, ch = x.shape
-        pt, ph, pw = c.patch_size
-        if ch != c.in_channels:
-            raise ValueError(
-                f"expected {c.in_channels} latent channels, got input of shape {x.shape}"
-            )
-        if t % pt or h % ph or w % pw:
-            raise ValueError(f"latent {(t, h, w)} is not divisible by patch size {c.patch_size}")
-        patches = rearrange(
-            x, "b (t pt) (h ph) (w pw) c -> b (t h w) (pt ph pw c)", pt=pt, ph=ph, pw=pw
-        )
-        tokens = self.x_embedder(patches.astype(c.compute_dtype))
-        return shard(tokens, _VIDEO), (t // pt, h // ph, w // pw)
-
-    def rope(self, grid: tuple[int, int, int], positions=None) -> Float[Array, "l k/2"]:
-        """RoPE angles for a token grid; `positions` (l, 3) overrides the integer grid."""
-        c = self.config
-        if positions is None:
-            positions = video_positions(*grid)
-        elif positions.shape[-2:] != (grid[0] * grid[1] * grid[2], 3):
-            raise ValueError(
-                f"positions must be ({grid[0] * grid[1] * grid[2]}, 3) for token grid {grid}, "
-                f"got {positions.shape}"
-            )
-        return rope_angles(positions, c.rope_axes_dims, c.rope_theta)
 
     def run_double_blocks(
         self,
@@ -492,26 +416,34 @@ class DualStreamDiT(nnx.Module):
 
         return scan_layers(self.double_blocks, (tokens, cond.text), step, remat=self.config.remat)
 
+    def run_blocks(
+        self,
+        tokens: Float[Array, "b l d"],
+        cond: Conditioning,
+        angles: Float[Array, "l k/2"] | None,
+        *,
+        attention_fn: JointAttentionFn | None = None,
+    ) -> Float[Array, "b l d"]:
+        """All dual-stream blocks under one `lax.scan`; returns the video tokens."""
+        tokens, _ = self.run_double_blocks(tokens, cond, angles, attention_fn=attention_fn)
+        return tokens
+
     def unembed(
         self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
     ) -> Float[Array, "b t h w c"]:
         """Modulated output head and unpatchify back to a channels-last latent (float32)."""
-        c = self.config
         scale, shift = _chunks(self.norm_out(jax.nn.silu(cond.temb)), 2)
-        h = modulate(layer_norm(tokens, c.eps), shift, scale).astype(c.compute_dtype)
-        out = self.proj_out(h).astype(jnp.float32)
-        pt, ph, pw = c.patch_size
-        # diffusers orders each token's output features (c, pt, ph, pw).
-        return rearrange(
-            out,
-            "b (t h w) (c pt ph pw) -> b (t pt) (h ph) (w pw) c",
-            t=grid[0],
-            h=grid[1],
-            w=grid[2],
-            pt=pt,
-            ph=ph,
-            pw=pw,
-        )
+        return self._head(tokens, (shift, scale), grid)
+
+
+def _block_kw(c) -> dict:
+    """The keyword arguments every block and the refiner take from a config."""
+    return dict(
+        eps=c.eps,
+        attention_impl=c.attention_impl,
+        dtype=c.compute_dtype,
+        param_dtype=c.storage_dtype,
+    )
 
 
 def _joint_mask(num_video: int, text_mask: Bool[Array, "b s"]) -> Bool[Array, "b l+s"]:
@@ -545,20 +477,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
         )
         self.pooled_embedder = MLPEmbedder(c.pooled_dim, c.dim, in_axis="text_embed", **f32)
         self.refiner = self._refiner(rngs)
-        self.single_blocks = stack_layers(
-            c.num_single_layers,
-            lambda r: SingleStreamBlock(
-                c.dim,
-                c.num_heads,
-                c.mlp_dim,
-                eps=c.eps,
-                attention_impl=c.attention_impl,
-                dtype=c.compute_dtype,
-                param_dtype=c.storage_dtype,
-                rngs=r,
-            ),
-            rngs,
-        )
+        self.single_blocks = self._blocks(SingleStreamBlock, c.num_single_layers, rngs)
 
     def condition(
         self,
@@ -638,32 +557,3 @@ class HunyuanVideoTransformer(DualStreamDiT):
         tokens, text = self.run_double_blocks(tokens, cond, angles, attention_fn=attention_fn)
         tokens, _ = self.run_single_blocks(tokens, text, cond, angles, attention_fn=attention_fn)
         return tokens
-
-    def __call__(
-        self,
-        x: Float[Array, "b t h w c"],
-        timestep: Float[Array, " b"],
-        text: Float[Array, "b s e"],
-        text_mask: Bool[Array, "b s"],
-        pooled: Float[Array, "b p"],
-        guidance: Float[Array, " b"] | None = None,
-        *,
-        positions: Float[Array, "l 3"] | None = None,
-    ) -> Float[Array, "b t h w c"]:
-        """Predicts the flow for latent `x` at `timestep` (sigma * 1000).
-
-        Args:
-          x: (b, t, h, w, in_channels) noisy latent.
-          timestep: (b,) timesteps in [0, 1000].
-          text: (b, s, text_dim) text embeddings; text_mask: (b, s) bool, True for real tokens.
-          pooled: (b, pooled_dim) pooled text embedding.
-          guidance: (b,) embedded guidance (guidance_scale * 1000) when `guidance_embeds`.
-          positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
-
-        Returns:
-          (b, t, h, w, out_channels) float32 flow prediction.
-        """
-        tokens, grid = self.embed(x)
-        cond = self.condition(timestep, text, text_mask, pooled, guidance)
-        tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
-        return self.unembed(tokens, cond, grid)

@@ -21,13 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float
 
-from vidax.models.hunyuan.model import (
-    Conditioning,
-    DualStreamDiT,
-    JointAttentionFn,
-    MLPEmbedder,
-    check_text,
-)
+from vidax.models.dit_stages import MLPEmbedder
+from vidax.models.hunyuan.model import Conditioning, DualStreamDiT, check_text
 from vidax.models.hunyuan15.config import HunyuanVideo15Config
 from vidax.nn import LayerNorm, Linear
 from vidax.nn.embeddings import timestep_embedding
@@ -169,53 +164,3 @@ class HunyuanVideo15Transformer(DualStreamDiT):
         masks.append(mask)
         context = shard(jnp.concatenate(tokens, axis=1), ("batch", "text_tokens", "embed"))
         return Conditioning(temb=temb, text=context, text_mask=jnp.concatenate(masks, axis=1))
-
-    def run_blocks(
-        self,
-        tokens: Float[Array, "b l d"],
-        cond: Conditioning,
-        angles: Float[Array, "l k/2"] | None,
-        *,
-        attention_fn: JointAttentionFn | None = None,
-    ) -> Float[Array, "b l d"]:
-        """All dual-stream blocks under one `lax.scan`; returns the video tokens."""
-        tokens, _ = self.run_double_blocks(tokens, cond, angles, attention_fn=attention_fn)
-        return tokens
-
-    def __call__(
-        self,
-        x: Float[Array, "b t h w c"],
-        timestep: Float[Array, " b"],
-        text: Float[Array, "b s e"],
-        text_mask: Bool[Array, "b s"],
-        *,
-        byt5: Float[Array, "b g e"] | None = None,
-        byt5_mask: Bool[Array, "b g"] | None = None,
-        image_embeds: Float[Array, "b m e"] | None = None,
-        timestep_r: Float[Array, " b"] | None = None,
-        positions: Float[Array, "l 3"] | None = None,
-    ) -> Float[Array, "b t h w c"]:
-        """Predicts the flow for latent `x` at `timestep` (sigma * 1000).
-
-        Args:
-          x: (b, t, h, w, in_channels) noisy latent with its condition channels.
-          timestep: (b,) timesteps in [0, 1000].
-          text: (b, s, text_dim) prompt embeddings; text_mask: (b, s) bool, True for real tokens.
-          byt5, byt5_mask, image_embeds, timestep_r: optional conditioning (see `condition`).
-          positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
-
-        Returns:
-          (b, t, h, w, out_channels) float32 flow prediction.
-        """
-        tokens, grid = self.embed(x)
-        cond = self.condition(
-            timestep,
-            text,
-            text_mask,
-            byt5=byt5,
-            byt5_mask=byt5_mask,
-            image_embeds=image_embeds,
-            timestep_r=timestep_r,
-        )
-        tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
-        return self.unembed(tokens, cond, grid)

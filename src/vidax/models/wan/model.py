@@ -23,8 +23,9 @@ from einops import rearrange
 from flax import nnx
 from jaxtyping import Array, Float
 
+from vidax.models.dit_stages import MLPEmbedder, VideoDiT
 from vidax.models.wan.config import WanConfig
-from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention, rope_angles, video_positions
+from vidax.nn import LayerNorm, Linear, RMSNorm, apply_rope, attention
 from vidax.nn.embeddings import timestep_embedding
 from vidax.nn.layers import FeedForward, gelu_tanh, layer_norm, modulate, param
 from vidax.nn.scan import scan_layers, stack_layers
@@ -158,46 +159,24 @@ class WanBlock(nnx.Module):
         return shard(x, ("batch", "tokens", "embed")), aux
 
 
-class _MLP(nnx.Module):
-    """linear_2(act(linear_1(x))), the timestep and text embedders."""
-
-    def __init__(self, in_dim, dim, *, in_axis, activation, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.linear_1 = Linear(in_dim, dim, axes=(in_axis, "embed"), **kw)
-        self.linear_2 = Linear(dim, dim, axes=("embed", None), **kw)
-        self.activation = activation
-
-    def __call__(self, x):
-        return self.linear_2(self.activation(self.linear_1(x)))
-
-
-class WanTransformer(nnx.Module):
+class WanTransformer(VideoDiT):
     """Wan 2.1 text-to-video DiT: `(x, timestep, context) -> flow prediction v`.
 
     Inputs are channels-last latents. Blocks are created stacked (leading "layers" axis) and run
     with `jax.lax.scan`, so compile time does not grow with depth.
     """
 
+    PATCH_EMBEDDING = "patch_embedding"
+
     def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
         c = self.config = config
         kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.patch_embedding = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
-        self.time_embedder = _MLP(
-            c.freq_dim,
-            c.dim,
-            in_axis="freq",
-            activation=jax.nn.silu,
-            **{**kw, "dtype": jnp.float32},
-        )
-        self.time_proj = Linear(
-            c.dim, 6 * c.dim, axes=("embed", "modulation"), **{**kw, "dtype": jnp.float32}
-        )
-        self.text_embedder = _MLP(
-            c.text_dim,
-            c.dim,
-            in_axis="text_embed",
-            activation=gelu_tanh,
-            **kw,
+        f32 = {**kw, "dtype": jnp.float32}
+        self.time_embedder = MLPEmbedder(c.freq_dim, c.dim, in_axis="freq", **f32)
+        self.time_proj = Linear(c.dim, 6 * c.dim, axes=("embed", "modulation"), **f32)
+        self.text_embedder = MLPEmbedder(
+            c.text_dim, c.dim, in_axis="text_embed", activation=gelu_tanh, **kw
         )
 
         self.blocks = stack_layers(c.num_layers, lambda rngs: WanBlock(c, rngs=rngs), rngs)
@@ -208,25 +187,6 @@ class WanTransformer(nnx.Module):
         self.scale_shift_table = param(table.astype(c.storage_dtype), (None, "embed"))
 
     # -- stages ---------------------------------------------------------------------------------
-
-    def embed(
-        self, x: Float[Array, "b t h w c"]
-    ) -> tuple[Float[Array, "b l d"], tuple[int, int, int]]:
-        """Patchifies the latent into tokens; returns them and the token grid (t', h', w')."""
-        c = self.config
-        _, t, h, w, ch = x.shape
-        pt, ph, pw = c.patch_size
-        if ch != c.in_channels:
-            raise ValueError(
-                f"expected {c.in_channels} latent channels, got input of shape {x.shape}"
-            )
-        if t % pt or h % ph or w % pw:
-            raise ValueError(f"latent {(t, h, w)} is not divisible by patch size {c.patch_size}")
-        patches = rearrange(
-            x, "b (t pt) (h ph) (w pw) c -> b (t h w) (pt ph pw c)", pt=pt, ph=ph, pw=pw
-        )
-        tokens = self.patch_embedding(patches.astype(c.compute_dtype))
-        return shard(tokens, ("batch", "tokens", "embed")), (t // pt, h // ph, w // pw)
 
     def condition(
         self, timestep: Float[Array, " b"] | Float[Array, "b l"], context: Float[Array, "b s e"]
@@ -245,12 +205,6 @@ class WanTransformer(nnx.Module):
         return Conditioning(
             temb=temb, mod=mod, context=shard(text, ("batch", "text_tokens", "embed"))
         )
-
-    def rope(self, grid: tuple[int, int, int], positions=None) -> Float[Array, "l k/2"]:
-        """RoPE angles for a token grid; `positions` (l, 3) overrides the integer grid."""
-        if positions is None:
-            positions = video_positions(*grid)
-        return rope_angles(positions, self.config.rope_axes_dims, self.config.rope_theta)
 
     def run_blocks(
         self,
@@ -272,45 +226,7 @@ class WanTransformer(nnx.Module):
         self, tokens: Float[Array, "b l d"], cond: Conditioning, grid: tuple[int, int, int]
     ) -> Float[Array, "b t h w c"]:
         """Modulated output head and unpatchify back to a channels-last latent (float32)."""
-        c = self.config
-        shift, scale = _head_modulation(self.scale_shift_table, cond.temb)
-        h = modulate(layer_norm(tokens, c.eps), shift, scale).astype(c.compute_dtype)
-        out = self.proj_out(h).astype(jnp.float32)
-        pt, ph, pw = c.patch_size
-        return rearrange(
-            out,
-            "b (t h w) (pt ph pw c) -> b (t pt) (h ph) (w pw) c",
-            t=grid[0],
-            h=grid[1],
-            w=grid[2],
-            pt=pt,
-            ph=ph,
-            pw=pw,
-        )
-
-    def __call__(
-        self,
-        x: Float[Array, "b t h w c"],
-        timestep: Float[Array, " b"] | Float[Array, "b l"],
-        context: Float[Array, "b s e"],
-        *,
-        positions: Float[Array, "l 3"] | None = None,
-    ) -> Float[Array, "b t h w c"]:
-        """Predicts the flow v = noise - x0 for latent `x` at `timestep` (sigma * 1000).
-
-        Args:
-          x: (b, t, h, w, c) noisy latent.
-          timestep: (b,) or per-token (b, l) timesteps in [0, 1000].
-          context: (b, s, text_dim) text embeddings.
-          positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
-
-        Returns:
-          (b, t, h, w, out_channels) float32 flow prediction.
-        """
-        tokens, grid = self.embed(x)
-        cond = self.condition(timestep, context)
-        tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
-        return self.unembed(tokens, cond, grid)
+        return self._head(tokens, _head_modulation(self.scale_shift_table, cond.temb), grid)
 
 
 def _head_modulation(table: nnx.Param, temb: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,172 @@
+"""Stages every patchified video DiT (Wan, HunyuanVideo 1 and 1.5) shares.
+
+Each family keeps its own layers (their names are its checkpoint's keys); `VideoDiT` holds the
+logic around them: patchify and embed, RoPE angles for a token grid, the modulated output head
+with unpatchify, and the forward pass chaining the stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
+from jaxtyping import Array, Float
+
+from vidax.nn import Linear, rope_angles, video_positions
+from vidax.nn.layers import layer_norm, modulate
+from vidax.sharding import shard
+
+
+class MLPEmbedder(nnx.Module):
+    """linear_2(act(linear_1(x))): the timestep, guidance and text embedders."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        dim: int,
+        *,
+        in_axis: str,
+        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.linear_1 = Linear(in_dim, dim, axes=(in_axis, "embed"), **kw)
+        self.linear_2 = Linear(dim, dim, axes=("embed", None), **kw)
+        self.activation = activation
+
+    def __call__(self, x: Float[Array, "... e"]) -> Float[Array, "... d"]:
+        return self.linear_2(self.activation(self.linear_1(x)))
+
+
+class VideoDiT(nnx.Module):
+    """The stages every family's transformer shares, chained by `__call__`:
+
+        tokens, grid = model.embed(x)                    # patchify
+        cond = model.condition(...)                      # the family's conditioning
+        tokens = model.run_blocks(tokens, cond, model.rope(grid, positions))
+        x = model.unembed(tokens, cond, grid)            # modulated head, unpatchify
+
+    A family names its patch embedding layer (`PATCH_EMBEDDING`, its checkpoint's key) and its
+    output projection `proj_out`, and defines `condition`, `run_blocks` and `unembed` (which
+    calls `_head` with its modulation).
+    """
+
+    config: Any
+    proj_out: Linear
+    PATCH_EMBEDDING: ClassVar[str]
+    # How a token's output features are ordered before unpatchify, in einops terms.
+    OUT_FEATURES: ClassVar[str] = "(pt ph pw c)"
+
+    def embed(
+        self, x: Float[Array, "b t h w c"]
+    ) -> tuple[Float[Array, "b l d"], tuple[int, int, int]]:
+        """Patchifies the latent into tokens; returns them and the token grid (t', h', w').
+
+        Raises:
+          ValueError: `x` is not (b, t, h, w, in_channels) with (t, h, w) divisible by the
+            patch.
+        """
+        c = self.config
+        if x.ndim != 5:
+            raise ValueError(f"expected a (b, t, h, w, c) latent, got shape {x.shape}")
+        _, t, h, w, ch = x.shape
+        pt, ph, pw = c.patch_size
+        if ch != c.in_channels:
+            raise ValueError(
+                f"expected {c.in_channels} latent channels, got input of shape {x.shape}"
+            )
+        if t % pt or h % ph or w % pw:
+            raise ValueError(f"latent {(t, h, w)} is not divisible by patch size {c.patch_size}")
+        patches = rearrange(
+            x, "b (t pt) (h ph) (w pw) c -> b (t h w) (pt ph pw c)", pt=pt, ph=ph, pw=pw
+        )
+        tokens = getattr(self, self.PATCH_EMBEDDING)(patches.astype(c.compute_dtype))
+        return shard(tokens, ("batch", "tokens", "embed")), (t // pt, h // ph, w // pw)
+
+    def rope(
+        self, grid: tuple[int, int, int], positions: Float[Array, "l 3"] | None = None
+    ) -> Float[Array, "l k/2"]:
+        """RoPE angles for a token grid; `positions` (l, 3) overrides the integer grid.
+
+        Raises:
+          ValueError: `positions` does not hold one (t, h, w) position per token of the grid.
+        """
+        c = self.config
+        if positions is None:
+            positions = video_positions(*grid)
+        elif positions.shape[-2:] != (grid[0] * grid[1] * grid[2], 3):
+            raise ValueError(
+                f"positions must be ({grid[0] * grid[1] * grid[2]}, 3) for token grid {grid}, "
+                f"got {positions.shape}"
+            )
+        return rope_angles(positions, c.rope_axes_dims, c.rope_theta)
+
+    def condition(self, *args: Any, **kwargs: Any) -> Any:
+        """The family's per-call conditioning (timestep embedding, text, ...)."""
+        raise NotImplementedError
+
+    def run_blocks(self, tokens: Float[Array, "b l d"], cond: Any, angles: Any) -> jax.Array:
+        """The family's blocks over the video tokens."""
+        raise NotImplementedError
+
+    def unembed(
+        self, tokens: Float[Array, "b l d"], cond: Any, grid: tuple[int, int, int]
+    ) -> Float[Array, "b t h w c"]:
+        """The family's output head: `_head` with its modulation."""
+        raise NotImplementedError
+
+    def _head(
+        self,
+        tokens: Float[Array, "b l d"],
+        modulation: tuple[jax.Array, jax.Array],
+        grid: tuple[int, int, int],
+    ) -> Float[Array, "b t h w c"]:
+        """The modulated output head, then unpatchify back to a channels-last latent (float32).
+
+        Args:
+          modulation: (shift, scale), each (b, 1|l, d).
+        """
+        c = self.config
+        shift, scale = modulation
+        h = modulate(layer_norm(tokens, c.eps), shift, scale).astype(c.compute_dtype)
+        out = self.proj_out(h).astype(jnp.float32)
+        pt, ph, pw = c.patch_size
+        t, hh, ww = grid
+        return rearrange(
+            out,
+            f"b (t h w) {self.OUT_FEATURES} -> b (t pt) (h ph) (w pw) c",
+            t=t,
+            h=hh,
+            w=ww,
+            pt=pt,
+            ph=ph,
+            pw=pw,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "b t h w c"],
+        *args: Any,
+        positions: Float[Array, "l 3"] | None = None,
+        **kwargs: Any,
+    ) -> Float[Array, "b t h w c"]:
+        """Predicts the flow for latent `x` at a timestep (sigma * 1000).
+
+        Args:
+          x: (b, t, h, w, in_channels) noisy latent (with its condition channels, if any).
+          *args, **kwargs: the family's conditioning inputs, as its `condition` takes them.
+          positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
+
+        Returns:
+          (b, t, h, w, out_channels) float32 flow prediction.
+        """
+        tokens, grid = self.embed(x)
+        cond = self.condition(*args, **kwargs)
+        tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
+        return self.unembed(tokens, cond, grid)
