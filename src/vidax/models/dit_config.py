@@ -73,5 +73,12 @@ def diffusers_fields(
     return {ours: _tuple(config[theirs]) for theirs, ours in keys.items() if theirs in config}
 
 
+def diffusers_arguments(config: Any, keys: Mapping[str, str]) -> dict[str, Any]:
+    """The diffusers constructor arguments `keys` (diffusers key -> our field) name, read from
+    `config`, tuples as lists: the inverse of `diffusers_fields`."""
+    kwargs = {theirs: getattr(config, ours) for theirs, ours in keys.items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+
+
 def _tuple(value):
     return tuple(value) if isinstance(value, list) else value

@@ -44,6 +44,14 @@ def constant(value: float, shape: tuple[int, ...], dtype) -> jax.Array:
     return jnp.asarray(np.full(shape, value, np.float32), dtype)
 
 
+def conv_weights(
+    rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], param_dtype
+) -> tuple[nnx.Param, nnx.Param]:
+    """A conv kernel of `shape` (..., in, out) with torch's default init, and its zero bias."""
+    kernel = param(conv_init(rngs.params(), shape, param_dtype), axes)
+    return kernel, param(constant(0.0, shape[-1:], param_dtype), ("conv_out",))
+
+
 def last_axis(v: Float[Array, " c"], ndim: int) -> Float[Array, "... c"]:
     """A per-channel vector shaped to broadcast against a rank-`ndim` channels-last array."""
     return v.reshape((1,) * (ndim - 1) + (-1,))
@@ -82,6 +90,23 @@ def run_chunked(
     ys = ys.swapaxes(0, 1)
     ys = ys.reshape(ys.shape[0], ys.shape[1] * ys.shape[2], *ys.shape[3:])
     return jnp.concatenate([y0, ys.astype(y0.dtype)], axis=1)
+
+
+def stream_through(layers, x: Array, caches: Cache) -> tuple[Array, tuple[Cache, ...]]:
+    """One chunk through `layers` in order, each `layer(x, cache) -> (x, cache)`.
+
+    Args:
+      caches: one cache per layer from the previous chunk; None at the clip's start.
+
+    Returns:
+      The output and the layers' new caches.
+    """
+    caches = caches or (None,) * len(layers)
+    new = []
+    for layer, c in zip(layers, caches, strict=True):
+        x, c = layer(x, c)
+        new.append(c)
+    return x, tuple(new)
 
 
 def cross_fade(a: Array, b: Array, extent: int, axis: int) -> Array:
@@ -124,3 +149,22 @@ def check_latents(z, *, z_dim: int) -> None:
         raise ValueError(f"latents have {z.shape[-1]} channels, expected z_dim={z_dim}")
     if min(z.shape[1:4]) < 1:
         raise ValueError(f"latents have an empty axis: {z.shape}")
+
+
+class VideoVAE(nnx.Module):
+    """The input checks every video VAE runs; its `config` has `in_channels`,
+    `temporal_factor`, `spatial_factor` and `z_dim`."""
+
+    config: Any
+
+    def _check_video(self, x) -> None:
+        cfg = self.config
+        check_video(
+            x,
+            channels=cfg.in_channels,
+            temporal_factor=cfg.temporal_factor,
+            spatial_factor=cfg.spatial_factor,
+        )
+
+    def _check_latents(self, z) -> None:
+        check_latents(z, z_dim=self.config.z_dim)

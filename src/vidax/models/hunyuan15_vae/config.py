@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from vidax.models.dit_config import diffusers_arguments, diffusers_fields
 from vidax.models.hunyuan_vae.config import Tiling
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -180,8 +181,7 @@ _DIFFUSERS_KEYS = {
 def to_diffusers_config(config: HunyuanVideo15VAEConfig) -> dict:
     """The diffusers constructor arguments of `config` (tuples as lists; tiling is a runtime
     choice in diffusers, not a config key): the inverse of `from_diffusers_config`."""
-    kwargs = {theirs: getattr(config, ours) for theirs, ours in _DIFFUSERS_KEYS.items()}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+    return diffusers_arguments(config, _DIFFUSERS_KEYS)
 
 
 def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideo15VAEConfig:
@@ -190,11 +190,8 @@ def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideo15VAEConf
     Raises:
       ValueError: for keys it does not know.
     """
-    unknown = {k for k in config if not k.startswith("_") and k not in _DIFFUSERS_KEYS}
-    if unknown:
-        raise ValueError(f"unknown AutoencoderKLHunyuanVideo15 config keys {sorted(unknown)}")
-    kwargs = {ours: config[theirs] for theirs, ours in _DIFFUSERS_KEYS.items() if theirs in config}
-    return HunyuanVideo15VAEConfig(**{**kwargs, **overrides})
+    fields = diffusers_fields(config, "AutoencoderKLHunyuanVideo15", keys=_DIFFUSERS_KEYS)
+    return HunyuanVideo15VAEConfig(**{**fields, **overrides})
 
 
 PRESETS: dict[str, HunyuanVideo15VAEConfig] = {

@@ -35,9 +35,9 @@ from vidax.models.hunyuan_vae.model import CausalConv3d, frame_causal_attention,
 from vidax.models.video_vae import (
     VIDEO_AXES,
     ChannelRMSNorm,
-    check_latents,
-    check_video,
+    VideoVAE,
     run_chunked,
+    stream_through,
 )
 from vidax.sharding import shard
 
@@ -217,14 +217,10 @@ class Stage(nnx.Module):
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         c_res, c_resample = (None, None) if cache is None else cache
-        c_res = c_res or (None,) * len(self.resnets)
-        new = []
-        for resnet, c in zip(self.resnets, c_res, strict=True):
-            x, c = resnet(x, c)
-            new.append(c)
+        x, c_res = stream_through(self.resnets, x, c_res)
         if self.resampler is not None:
             x, c_resample = self.resampler(x, c_resample)
-        return x, (tuple(new), c_resample)
+        return x, (c_res, c_resample)
 
 
 def _kw(config: HunyuanVideo15VAEConfig, rngs: nnx.Rngs) -> dict:
@@ -256,13 +252,9 @@ class Encoder(nnx.Module):
     def stream(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         """conv_in and the down blocks on one chunk of the clip."""
         c_in, c_blocks = (None, None) if cache is None else cache
-        c_blocks = c_blocks or (None,) * len(self.down_blocks)
         x, c_in = self.conv_in.chunk(x, c_in)
-        new = []
-        for block, c in zip(self.down_blocks, c_blocks, strict=True):
-            x, c = block(x, c)
-            new.append(c)
-        return x, (c_in, tuple(new))
+        x, c_blocks = stream_through(self.down_blocks, x, c_blocks)
+        return x, (c_in, c_blocks)
 
     def head(self, x: Float[Array, "b t h w c"]) -> Float[Array, "b t h w z2"]:
         """The latent-resolution rest on the whole clip."""
@@ -297,16 +289,12 @@ class Decoder(nnx.Module):
     def stream(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         """The up blocks, norm_out and conv_out on one chunk of the clip."""
         c_blocks, c_out = (None, None) if cache is None else cache
-        c_blocks = c_blocks or (None,) * len(self.up_blocks)
-        new = []
-        for block, c in zip(self.up_blocks, c_blocks, strict=True):
-            x, c = block(x, c)
-            new.append(c)
+        x, c_blocks = stream_through(self.up_blocks, x, c_blocks)
         x, c_out = self.conv_out.chunk(jax.nn.silu(self.norm_out(x)), c_out)
-        return x, (tuple(new), c_out)
+        return x, (c_blocks, c_out)
 
 
-class HunyuanVideo15VAE(nnx.Module):
+class HunyuanVideo15VAE(VideoVAE):
     """The HunyuanVideo-1.5 VAE: 16x spatial, 4x temporal, causal, with a Gaussian latent.
 
     Latents are *scaled*: `encode` returns mu * scaling_factor and `decode` divides by it, as
@@ -320,18 +308,6 @@ class HunyuanVideo15VAE(nnx.Module):
         self.decoder = Decoder(config, rngs=rngs)
 
     # ---------------------------------------------------------------- checks
-
-    def _check_video(self, x) -> None:
-        cfg = self.config
-        check_video(
-            x,
-            channels=cfg.in_channels,
-            temporal_factor=cfg.temporal_factor,
-            spatial_factor=cfg.spatial_factor,
-        )
-
-    def _check_latents(self, z) -> None:
-        check_latents(z, z_dim=self.config.z_dim)
 
     def _tiling(self, tiling: Tiling | None) -> Tiling:
         tiling = self.config.tiling if tiling is None else tiling

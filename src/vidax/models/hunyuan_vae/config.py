@@ -6,6 +6,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from vidax.models.dit_config import diffusers_arguments, diffusers_fields
+
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -184,8 +186,7 @@ _DIFFUSERS_KEYS = {
 def to_diffusers_config(config: HunyuanVideoVAEConfig) -> dict:
     """The diffusers constructor arguments of `config` (tuples as lists; tiling is a runtime
     choice in diffusers, not a config key): the inverse of `from_diffusers_config`."""
-    kwargs = {theirs: getattr(config, ours) for theirs, ours in _DIFFUSERS_KEYS.items()}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+    return diffusers_arguments(config, _DIFFUSERS_KEYS)
 
 
 def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideoVAEConfig:
@@ -205,12 +206,13 @@ def from_diffusers_config(config: Mapping, **overrides) -> HunyuanVideoVAEConfig
             raise ValueError(f"{key} must have one entry per block_out_channels entry")
     if config.get("act_fn", "silu") not in ("silu", "swish"):
         raise ValueError(f"act_fn={config['act_fn']!r} is not supported (only silu)")
-    known = set(_DIFFUSERS_KEYS) | {"down_block_types", "up_block_types", "act_fn"}
-    unknown = {k for k in config if not k.startswith("_") and k not in known}
-    if unknown:
-        raise ValueError(f"unknown AutoencoderKLHunyuanVideo config keys {sorted(unknown)}")
-    kwargs = {ours: config[theirs] for theirs, ours in _DIFFUSERS_KEYS.items() if theirs in config}
-    return HunyuanVideoVAEConfig(**{**kwargs, **overrides})
+    fields = diffusers_fields(
+        config,
+        "AutoencoderKLHunyuanVideo",
+        keys=_DIFFUSERS_KEYS,
+        ignored=frozenset({"down_block_types", "up_block_types", "act_fn"}),
+    )
+    return HunyuanVideoVAEConfig(**{**fields, **overrides})
 
 
 PRESETS: dict[str, HunyuanVideoVAEConfig] = {

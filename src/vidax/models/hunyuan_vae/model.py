@@ -22,10 +22,10 @@ from vidax.models.hunyuan_vae.config import HunyuanVideoVAEConfig, Tiling
 from vidax.models.video_vae import (
     CONV3D_AXES,
     VIDEO_AXES,
-    check_latents,
-    check_video,
+    VideoVAE,
     constant,
     conv_init,
+    conv_weights,
     cross_fade,
     last_axis,
 )
@@ -59,10 +59,9 @@ class CausalConv3d(nnx.Module):
         param_dtype: jnp.dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        self.kernel = param(
-            conv_init(rngs.params(), (kernel,) * 3 + (in_dim, out_dim), param_dtype), CONV3D_AXES
+        self.kernel, self.bias = conv_weights(
+            rngs, (kernel,) * 3 + (in_dim, out_dim), CONV3D_AXES, param_dtype
         )
-        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.size = kernel
         self.stride = stride
         self.dtype = dtype
@@ -428,7 +427,7 @@ def tiled_frames(
 # ------------------------------------------------------------------------------ the VAE
 
 
-class HunyuanVideoVAE(nnx.Module):
+class HunyuanVideoVAE(VideoVAE):
     """The HunyuanVideo VAE: causal 3D conv encoder/decoder with a diagonal Gaussian latent.
 
     Latents are *scaled*: `encode` returns mu * scaling_factor and `decode` divides by it, as
@@ -446,18 +445,6 @@ class HunyuanVideoVAE(nnx.Module):
         self.post_quant_conv = CausalConv3d(z, z, 1, **kw)
 
     # ---------------------------------------------------------------- checks
-
-    def _check_video(self, x) -> None:
-        cfg = self.config
-        check_video(
-            x,
-            channels=cfg.in_channels,
-            temporal_factor=cfg.temporal_factor,
-            spatial_factor=cfg.spatial_factor,
-        )
-
-    def _check_latents(self, z) -> None:
-        check_latents(z, z_dim=self.config.z_dim)
 
     def _tiling(self, tiling: Tiling | None) -> Tiling:
         tiling = self.config.tiling if tiling is None else tiling

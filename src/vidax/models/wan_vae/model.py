@@ -27,17 +27,16 @@ from vidax.models.video_vae import (
     VIDEO_AXES,
     Cache,
     ChannelRMSNorm,
-    check_latents,
+    VideoVAE,
     check_video,
-    constant,
-    conv_init,
+    conv_weights,
     cross_fade,
     last_axis,
     run_chunked,
+    stream_through,
 )
 from vidax.models.wan_vae.config import CONV_IMPLS, ENCODE_CHUNK, WanVAEConfig
 from vidax.nn.attention import attention
-from vidax.nn.layers import param
 from vidax.sharding import shard
 
 _CONV2D_AXES = ("kernel", "kernel", "conv_in", "conv_out")
@@ -67,10 +66,9 @@ class CausalConv3d(nnx.Module):
     ):
         if conv_impl not in CONV_IMPLS:
             raise ValueError(f"unknown conv_impl {conv_impl!r}; choose from {CONV_IMPLS}")
-        self.kernel = param(
-            conv_init(rngs.params(), (*kernel, in_dim, out_dim), param_dtype), CONV3D_AXES
+        self.kernel, self.bias = conv_weights(
+            rngs, (*kernel, in_dim, out_dim), CONV3D_AXES, param_dtype
         )
-        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.history = kernel[0] - 1
         self.padding = ((0, 0), ((kernel[1] - 1) // 2,) * 2, ((kernel[2] - 1) // 2,) * 2)
         self.stride_t = stride_t
@@ -157,10 +155,9 @@ class Conv2d(nnx.Module):
         param_dtype: jnp.dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        self.kernel = param(
-            conv_init(rngs.params(), (kernel, kernel, in_dim, out_dim), param_dtype), _CONV2D_AXES
+        self.kernel, self.bias = conv_weights(
+            rngs, (kernel, kernel, in_dim, out_dim), _CONV2D_AXES, param_dtype
         )
-        self.bias = param(constant(0.0, (out_dim,), param_dtype), ("conv_out",))
         self.stride = stride
         self.padding = padding
         self.dtype = dtype
@@ -327,14 +324,22 @@ def decoder_layout(config: WanVAEConfig) -> list[tuple[int, int, str | None]]:
     return blocks
 
 
+def _kw(config: WanVAEConfig, rngs: nnx.Rngs) -> dict:
+    """The dtypes, conv implementation and rngs every conv layer takes from the config."""
+    return dict(
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        conv_impl=config.conv_impl,
+        rngs=rngs,
+    )
+
+
 class Encoder(nnx.Module):
     """Pixels (b, t, H, W, c_in) -> latent moments (b, t', H/s, W/s, 2 z)."""
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
-        kw = dict(
-            dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), rngs=rngs
-        )
-        conv = dict(kw, conv_impl=config.conv_impl)
+        conv = _kw(config, rngs)
+        kw = {k: v for k, v in conv.items() if k != "conv_impl"}
         dims = config.encoder_dims
         self.conv_in = CausalConv3d(config.in_channels, dims[0], **conv)
         layers = []
@@ -352,15 +357,11 @@ class Encoder(nnx.Module):
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         c_in, c_layers, c_mid, c_out = (None, None, None, None) if cache is None else cache
-        c_layers = c_layers or (None,) * len(self.down_blocks)
         x, c_in = self.conv_in(x, c_in)
-        new_layers = []
-        for layer, c in zip(self.down_blocks, c_layers, strict=True):
-            x, c = layer(x, c)
-            new_layers.append(c)
+        x, c_layers = stream_through(self.down_blocks, x, c_layers)
         x, c_mid = self.mid_block(x, c_mid)
         x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
-        return x, (c_in, tuple(new_layers), c_mid, c_out)
+        return x, (c_in, c_layers, c_mid, c_out)
 
 
 class UpBlock(nnx.Module):
@@ -386,26 +387,17 @@ class UpBlock(nnx.Module):
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         c_res, c_up = (None, None) if cache is None else cache
-        c_res = c_res or (None,) * len(self.resnets)
-        new_res = []
-        for resnet, c in zip(self.resnets, c_res, strict=True):
-            x, c = resnet(x, c)
-            new_res.append(c)
+        x, c_res = stream_through(self.resnets, x, c_res)
         if self.upsampler is not None:
             x, c_up = self.upsampler(x, c_up)
-        return x, (tuple(new_res), c_up)
+        return x, (c_res, c_up)
 
 
 class Decoder(nnx.Module):
     """Latents (b, t, h, w, z) -> pixels (b, t', h*s, w*s, c_out), unclamped."""
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
-        kw = dict(
-            dtype=jnp.dtype(config.dtype),
-            param_dtype=jnp.dtype(config.param_dtype),
-            conv_impl=config.conv_impl,
-            rngs=rngs,
-        )
+        kw = _kw(config, rngs)
         dims = config.decoder_dims
         self.conv_in = CausalConv3d(config.z_dim, dims[0], **kw)
         self.mid_block = MidBlock(dims[0], **kw)
@@ -420,15 +412,11 @@ class Decoder(nnx.Module):
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         c_in, c_mid, c_ups, c_out = (None, None, None, None) if cache is None else cache
-        c_ups = c_ups or (None,) * len(self.up_blocks)
         x, c_in = self.conv_in(x, c_in)
         x, c_mid = self.mid_block(x, c_mid)
-        new_ups = []
-        for block, c in zip(self.up_blocks, c_ups, strict=True):
-            x, c = block(x, c)
-            new_ups.append(c)
+        x, c_ups = stream_through(self.up_blocks, x, c_ups)
         x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
-        return x, (c_in, c_mid, tuple(new_ups), c_out)
+        return x, (c_in, c_mid, c_ups, c_out)
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -471,7 +459,7 @@ def _tiled(
     return out[:, :, : round(x.shape[2] * scale), : round(x.shape[3] * scale)]
 
 
-class WanVAE(nnx.Module):
+class WanVAE(VideoVAE):
     """The Wan 2.1 VAE: causal 3D conv encoder/decoder with a diagonal Gaussian latent.
 
     `encode`/`decode` are the jit-compiled user API on normalised latents; `moments` and
@@ -480,12 +468,7 @@ class WanVAE(nnx.Module):
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
         self.config = config
-        kw = dict(
-            dtype=jnp.dtype(config.dtype),
-            param_dtype=jnp.dtype(config.param_dtype),
-            conv_impl=config.conv_impl,
-            rngs=rngs,
-        )
+        kw = _kw(config, rngs)
         z = config.z_dim
         self.encoder = Encoder(config, rngs=rngs)
         self.quant_conv = CausalConv3d(2 * z, 2 * z, (1, 1, 1), **kw)
@@ -495,6 +478,7 @@ class WanVAE(nnx.Module):
     # ---------------------------------------------------------------- checks and normalisation
 
     def _check_video(self, x) -> None:
+        # The encoder runs ENCODE_CHUNK-frame chunks whatever the temporal factor.
         cfg = self.config
         check_video(
             x,
@@ -502,9 +486,6 @@ class WanVAE(nnx.Module):
             temporal_factor=ENCODE_CHUNK,
             spatial_factor=cfg.spatial_factor,
         )
-
-    def _check_latents(self, z) -> None:
-        check_latents(z, z_dim=self.config.z_dim)
 
     def _stats(self) -> tuple[Array, Array]:
         cfg = self.config
