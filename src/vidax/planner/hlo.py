@@ -238,33 +238,9 @@ def _names(value: str) -> list[str]:
     return [n.lstrip("%") for n in re.findall(r"%?[\w.\-]+", value.strip("{} "))]
 
 
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Splits at `sep` outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, False, 0
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quote = False
-        elif ch == '"':
-            quote = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return parts
-
-
-def _match_close(text: str, start: int) -> int:
-    """Index just past the bracket group opening at `text[start]`."""
+def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, bracket depth after it) of each character of `text` from `start`
+    outside double-quoted strings (which may hold backslash escapes and brackets)."""
     depth, quote, i = 0, False, start
     while i < len(text):
         ch = text[i]
@@ -275,13 +251,31 @@ def _match_close(text: str, start: int) -> int:
                 quote = False
         elif ch == '"':
             quote = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        else:
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+            yield i, ch, depth
         i += 1
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Splits at `sep` outside brackets and quotes."""
+    parts, start = [], 0
+    for i, ch, depth in _unquoted(text):
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _match_close(text: str, start: int) -> int:
+    """Index just past the bracket group opening at `text[start]`."""
+    for i, ch, depth in _unquoted(text, start):
+        if ch in ")]}" and depth == 0:
+            return i + 1
     raise ValueError(f"unbalanced brackets in HLO text: {text[start : start + 80]!r}")
 
 
