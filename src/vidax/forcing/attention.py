@@ -79,18 +79,12 @@ def make_sparse_params(num_layers: int, num_heads: int, head_dim: int) -> Sparse
 # -- RoPE helpers ---------------------------------------------------------------------------------
 
 
-def _rotate_pool(x: Float[Array, "b n m bs k"], positions, rope) -> Float[Array, "b n m bs k"]:
-    """RoPE on pool blocks with per-token positions (b, n, m, bs, 3)."""
-    b, n, m, bs, k = x.shape
-    angles = rope(positions).reshape(b * n, m * bs, k // 2)
-    return apply_rope(x.reshape(b * n, m * bs, 1, k), angles).reshape(x.shape)
-
-
-def _rotate_tokens(x: Float[Array, "b n m k"], positions, rope) -> Float[Array, "b n m k"]:
-    """RoPE on per-head token lists (b, n, m, k) with positions (b, n, m, 3)."""
-    b, n, m, k = x.shape
-    angles = rope(positions).reshape(b * n, m, k // 2)
-    return apply_rope(x.reshape(b * n, m, 1, k), angles).reshape(x.shape)
+def _rotate(x: Float[Array, "b n ... k"], positions, rope) -> Float[Array, "b n ... k"]:
+    """RoPE on per-head tokens: pool blocks (b, n, m, bs, k) or token lists (b, n, m, k), with
+    per-token positions (b, n, ..., 3)."""
+    b, n, k = x.shape[0], x.shape[1], x.shape[-1]
+    angles = rope(positions).reshape(b * n, -1, k // 2)
+    return apply_rope(x.reshape(b * n, -1, 1, k), angles).reshape(x.shape)
 
 
 def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
@@ -162,7 +156,7 @@ def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope)
     """
     angles = rope(chunk_positions(chunk_start, layout))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    cached_k = _rotate_pool(
+    cached_k = _rotate(
         cache.k, token_positions(cache.frame, cache.block, chunk_start, layout), rope
     )
     bs = layout.block_size
@@ -331,7 +325,7 @@ def sparse_attention(
     keys, values, ok = [k_cmp], [v_cmp], [valid]
     if c.compressed_tokens:
         ring_pos = block_centre_positions(cache.cframe, cache.cblock, chunk_start, layout)
-        keys.append(_rotate_tokens(cache.ck.astype(f32), ring_pos, rope))
+        keys.append(_rotate(cache.ck.astype(f32), ring_pos, rope))
         values.append(cache.cv.astype(f32))
         ok.append(cache.cframe >= 0)
     keys, values, ok = (jnp.concatenate(x, axis=2) for x in (keys, values, ok))

@@ -354,6 +354,15 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
     return o, lse[..., 0]
 
 
+def _program_tile(num_q_tiles: int, q_split: int):
+    """This program's batch b and kv head h, and the flat index of its query tile (tile
+    i / q_split of (b, h)) in the count and list arrays."""
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    # lax.div/rem (truncating, fine for these non-negative ints): Python's floor `//` and `%`
+    # lower through sign(), which Mosaic only lowers with a real TPU attached.
+    return b, h, (b * pl.num_programs(1) + h) * num_q_tiles + jax.lax.div(i, q_split)
+
+
 def _pbsa_tpu_kernel(
     cnt_ref,
     idx_ref,
@@ -373,11 +382,8 @@ def _pbsa_tpu_kernel(
     num_q_tiles: int,
     q_split: int,
 ):
-    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    n_kv = pl.num_programs(1)
-    # lax.div/rem (truncating, fine for these non-negative ints): Python's floor `//` and `%`
-    # lower through sign(), which Mosaic only lowers with a real TPU attached.
-    cnt = cnt_ref[(b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)]
+    b, h, tile = _program_tile(num_q_tiles, q_split)
+    cnt = cnt_ref[tile]
     num_steps = jax.lax.div(cnt + steps - 1, steps)
 
     def entry(step, u):
@@ -523,9 +529,8 @@ def _pbsa_triton_kernel(
     num_q_tiles: int,
     q_split: int,
 ):
-    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    b, h, tile = _program_tile(num_q_tiles, q_split)
     n_kv = pl.num_programs(1)
-    tile = (b * n_kv + h) * num_q_tiles + jax.lax.div(i, q_split)
     cnt = cnt_ref[tile]
     list_base = tile * max_sel
     len_base = (b * n_kv + h) * num_slots
