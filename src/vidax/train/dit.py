@@ -42,9 +42,8 @@ from vidax.models.registry import ModelSpec, get
 from vidax.models.wan import key_map
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
-from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
-from vidax.train.optim import OptimConfig, make_optimizer
-from vidax.train.step import init_state
+from vidax.train.loop import check_curriculum, train_module
+from vidax.train.optim import OptimConfig
 from vidax.train.vae import (
     STATS_FILE,
     WEIGHTS_FILE,
@@ -452,29 +451,16 @@ def train_dit(
         embedder=HashedTextEmbedder(dim=spec.config.text_dim, text_len=spec.config.text_len),
         latent_frames_at=lambda step: config.latent_frames_at(step, short_t),
     )
-    model = build_model(config)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    optim = dataclasses.replace(
-        config.optim, decay_steps=max(config.steps - config.optim.warmup, 1)
-    )
-    optimizer = make_optimizer(optim)
-
-    def loss_fn(params, batch, key):
-        return dit_loss(nnx.merge(graphdef, params, rest), batch, key, config)
-
-    step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
-    meta = {"stage": "dit", "vae": vae_id, "config": config}
-    state = run(
+    ema = train_module(
         run_dir,
-        init_state(params, optimizer),
-        step,
+        build_model(config),
+        lambda model, batch, key: dit_loss(model, batch, key, config),
         batches,
-        LoopConfig.of(config),
+        config,
         to_arrays=lambda b: {k: b[k] for k in ("latents", "objects", "context")},
         mesh=mesh,
-        meta=meta,
+        meta={"stage": "dit", "vae": vae_id, "config": config},
         description="dit",
     )
-    ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
     save_model(ema, run_dir / TRANSFORMER_FILE, key_map(spec.config))
     return ema

@@ -26,11 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax.data import batch_sharding
 from vidax.train.checkpointing import Checkpointer
-from vidax.train.step import train_update
+from vidax.train.optim import make_optimizer
+from vidax.train.step import init_state, train_update
 
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -304,3 +306,47 @@ def _progress(console, description: str, total: int, start: int):
     )
     progress.add_task(description, total=total, completed=start, loss=math.nan, rate=math.nan)
     return progress
+
+
+def train_module(
+    run_dir: str | os.PathLike,
+    module: nnx.Module,
+    loss: Callable[[nnx.Module, dict[str, Any], jax.Array], tuple[jax.Array, dict]],
+    batches: Batches,
+    stage: Any,
+    *,
+    to_arrays: Callable[[dict[str, Any]], dict[str, np.ndarray]],
+    mesh: Mesh | None,
+    meta: dict[str, Any],
+    description: str,
+) -> nnx.Module:
+    """Trains (or resumes) the parameters of `module` with `run`; returns the EMA model.
+
+    Args:
+        module: the model at its initial weights (its non-parameter state is kept as is).
+        loss: (model, batch, key) -> (scalar loss, dict of scalar metrics).
+        stage: the stage config: `optim` (its learning rate decays over the steps after the
+            warm-up, whatever `optim.decay_steps` says), `steps`, `seed` and `LoopConfig.of`'s
+            fields.
+        to_arrays, mesh, meta, description: see `run`.
+    """
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    optim = dataclasses.replace(stage.optim, decay_steps=max(stage.steps - stage.optim.warmup, 1))
+    optimizer = make_optimizer(optim)
+
+    def loss_fn(params, batch, key):
+        return loss(nnx.merge(graphdef, params, rest), batch, key)
+
+    step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=stage.seed)
+    state = run(
+        run_dir,
+        init_state(params, optimizer),
+        step,
+        batches,
+        LoopConfig.of(stage),
+        to_arrays=to_arrays,
+        mesh=mesh,
+        meta=meta,
+        description=description,
+    )
+    return nnx.merge(graphdef, jax.device_get(state["ema"]), rest)

@@ -31,9 +31,8 @@ from vidax.data import ClipLoader, LoaderConfig, clip_at
 from vidax.models.wan_vae import PRESETS, WanVAE, WanVAEConfig, save
 from vidax.models.wan_vae.config import CONV_IMPLS
 from vidax.models.wan_vae.model import AttentionBlock, ResidualBlock
-from vidax.train.loop import LoopConfig, check_curriculum, make_step, run
-from vidax.train.optim import OptimConfig, make_optimizer
-from vidax.train.step import init_state
+from vidax.train.loop import check_curriculum, train_module
+from vidax.train.optim import OptimConfig
 
 STATS_FILE = "latent_stats.json"
 _INIT_LOGVAR = -8.0
@@ -306,31 +305,17 @@ def train_vae(
     `run_dir/latent_stats.json` (per-channel mean/std of the posterior means on 33-frame
     clips), and returns the EMA model.
     """
-    vae = build_vae(config)
-    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)
-    optim = dataclasses.replace(
-        config.optim, decay_steps=max(config.steps - config.optim.warmup, 1)
-    )
-    optimizer = make_optimizer(optim)
-
-    def loss_fn(params, batch, key):
-        model = nnx.merge(graphdef, params, rest)
-        return vae_loss(model, batch["video"], key, config)
-
-    step = make_step(loss_fn, optimizer, ema_decay=optim.ema_decay, seed=config.seed)
-    meta = {"stage": "vae", "config": config}
-    state = run(
+    ema = train_module(
         run_dir,
-        init_state(params, optimizer),
-        step,
+        build_vae(config),
+        lambda model, batch, key: vae_loss(model, batch["video"], key, config),
         CroppedClips(config, mesh=mesh),
-        LoopConfig.of(config),
+        config,
         to_arrays=lambda b: {"video": b["video"]},
         mesh=mesh,
-        meta=meta,
+        meta={"stage": "vae", "config": config},
         description="vae",
     )
-    ema = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
     stats = latent_stats(ema, seed=config.seed + 1)
     run_dir = Path(run_dir)
     (run_dir / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
