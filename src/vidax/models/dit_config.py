@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from vidax.checkpoint import Rule, load_model
+
+Model = TypeVar("Model", bound=nnx.Module)
 
 
 class PatchedVideoDiT:
@@ -78,6 +85,38 @@ def diffusers_arguments(config: Any, keys: Mapping[str, str]) -> dict[str, Any]:
     `config`, tuples as lists: the inverse of `diffusers_fields`."""
     kwargs = {theirs: getattr(config, ours) for theirs, ours in keys.items()}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+
+
+def load_converted(
+    cls: Callable[..., Model],
+    key_map: Callable[[Any], list[Rule]],
+    path: str | os.PathLike,
+    config: Any,
+    *,
+    mesh: Mesh | None = None,
+    strategy=None,
+    ignore: Iterable[str] = (),
+) -> Model:
+    """Builds `cls(config)` straight from a diffusers-layout checkpoint: every family's loader.
+
+    Args:
+      cls: the model class, built as `cls(config, rngs=...)`.
+      key_map: config -> the rules covering every parameter once.
+      path: a safetensors file, index, or directory.
+      mesh / strategy: optional placement of every parameter (see `vidax.checkpoint`).
+      ignore: checkpoint keys that are not parameters of `cls`.
+
+    Raises:
+      CheckpointError: naming every missing, unexpected or mis-shaped key.
+    """
+    return load_model(
+        lambda: cls(config, rngs=nnx.Rngs(0)),
+        path,
+        key_map(config),
+        mesh=mesh,
+        strategy=strategy,
+        ignore=ignore,
+    )
 
 
 def _tuple(value):

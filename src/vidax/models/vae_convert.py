@@ -13,7 +13,8 @@ from typing import TypeVar
 from flax import nnx
 from jax.sharding import Mesh
 
-from vidax.checkpoint import Rule, load_model, save_model
+from vidax.checkpoint import Rule, save_model
+from vidax.models.dit_config import load_converted
 
 Model = TypeVar("Model", bound=nnx.Module)
 
@@ -91,13 +92,7 @@ def load_vae(
             raise ValueError(
                 f"unknown {cls.__name__} preset {config!r}; choose from {sorted(presets)}"
             ) from None
-    return load_model(
-        lambda: cls(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
-    )
+    return load_converted(cls, key_map, path, config, mesh=mesh, strategy=strategy)
 
 
 def save_vae(

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-from flax import nnx
-
-from vidax.checkpoint import Rule, linear_rules, load_model
+from vidax.checkpoint import Rule, linear_rules
+from vidax.models.dit_config import load_converted
 from vidax.models.hunyuan.config import HunyuanVideoConfig
 from vidax.models.hunyuan.model import HunyuanVideoTransformer
 
@@ -112,10 +111,6 @@ def key_map(config: HunyuanVideoConfig) -> list[Rule]:
 def load(path: str | os.PathLike, config: HunyuanVideoConfig, *, mesh=None, strategy=None):
     """Builds a `HunyuanVideoTransformer` from a diffusers checkpoint (file, index or directory)."""
 
-    return load_model(
-        lambda: HunyuanVideoTransformer(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
+    return load_converted(
+        HunyuanVideoTransformer, key_map, path, config, mesh=mesh, strategy=strategy
     )

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 
-from flax import nnx
-
-from vidax.checkpoint import Rule, linear_rules, load_model
+from vidax.checkpoint import Rule, linear_rules
+from vidax.models.dit_config import load_converted
 from vidax.models.hunyuan.convert import (
     dual_block_rules,
     embedder_rules,
@@ -48,10 +47,6 @@ def key_map(config: HunyuanVideo15Config) -> list[Rule]:
 def load(path: str | os.PathLike, config: HunyuanVideo15Config, *, mesh=None, strategy=None):
     """Builds a `HunyuanVideo15Transformer` from a diffusers checkpoint (file, index or dir)."""
 
-    return load_model(
-        lambda: HunyuanVideo15Transformer(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
+    return load_converted(
+        HunyuanVideo15Transformer, key_map, path, config, mesh=mesh, strategy=strategy
     )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-from flax import nnx
-
-from vidax.checkpoint import Rule, linear_rules, load_model
+from vidax.checkpoint import Rule, linear_rules
+from vidax.models.dit_config import load_converted
 from vidax.models.wan.config import WanConfig
 from vidax.models.wan.model import WanTransformer
 
@@ -66,11 +65,6 @@ def key_map(config: WanConfig) -> list[Rule]:
 def load(path: str | os.PathLike, config: WanConfig, *, mesh=None, strategy=None):
     """Builds a `WanTransformer` from a diffusers checkpoint (file, index or directory)."""
 
-    return load_model(
-        lambda: WanTransformer(config, rngs=nnx.Rngs(0)),
-        path,
-        key_map(config),
-        mesh=mesh,
-        strategy=strategy,
-        ignore=IGNORED,
+    return load_converted(
+        WanTransformer, key_map, path, config, mesh=mesh, strategy=strategy, ignore=IGNORED
     )
