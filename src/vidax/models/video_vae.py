@@ -109,6 +109,19 @@ def stream_through(layers, x: Array, caches: Cache) -> tuple[Array, tuple[Cache,
     return x, tuple(new)
 
 
+def stream_stage(resnets, resample: Callable | None, x: Array, cache: Cache) -> tuple[Array, Cache]:
+    """One chunk through a stage: its residual blocks, then its resampler (None: none).
+
+    Args:
+      cache: (resnet caches, resampler cache) from the previous chunk; None at the clip's start.
+    """
+    c_res, c_resample = (None, None) if cache is None else cache
+    x, c_res = stream_through(resnets, x, c_res)
+    if resample is not None:
+        x, c_resample = resample(x, c_resample)
+    return x, (c_res, c_resample)
+
+
 def cross_fade(a: Array, b: Array, extent: int, axis: int) -> Array:
     """b with its first `extent` rows along `axis` cross-faded from the last rows of a."""
     extent = min(a.shape[axis], b.shape[axis], extent)

@@ -37,6 +37,7 @@ from vidax.models.video_vae import (
     ChannelRMSNorm,
     VideoVAE,
     run_chunked,
+    stream_stage,
     stream_through,
 )
 from vidax.sharding import shard
@@ -216,11 +217,7 @@ class Stage(nnx.Module):
             self.resampler = cls(out_dim, channels, temporal, **kw)
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
-        c_res, c_resample = (None, None) if cache is None else cache
-        x, c_res = stream_through(self.resnets, x, c_res)
-        if self.resampler is not None:
-            x, c_resample = self.resampler(x, c_resample)
-        return x, (c_res, c_resample)
+        return stream_stage(self.resnets, self.resampler, x, cache)
 
 
 def _kw(config: HunyuanVideo15VAEConfig, rngs: nnx.Rngs) -> dict:

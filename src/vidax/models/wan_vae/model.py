@@ -33,6 +33,7 @@ from vidax.models.video_vae import (
     cross_fade,
     last_axis,
     run_chunked,
+    stream_stage,
     stream_through,
 )
 from vidax.models.wan_vae.config import CONV_IMPLS, ENCODE_CHUNK, WanVAEConfig
@@ -386,11 +387,7 @@ class UpBlock(nnx.Module):
         self.upsampler = Resample(out_dim, mode, **kw) if mode else None
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
-        c_res, c_up = (None, None) if cache is None else cache
-        x, c_res = stream_through(self.resnets, x, c_res)
-        if self.upsampler is not None:
-            x, c_up = self.upsampler(x, c_up)
-        return x, (c_res, c_up)
+        return stream_stage(self.resnets, self.upsampler, x, cache)
 
 
 class Decoder(nnx.Module):
