@@ -22,7 +22,7 @@ that starts the clip (its first frame is the causal "image" frame).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -126,56 +126,61 @@ class MidBlock(nnx.Module):
         return self.resnets[1](x, None)[0]
 
 
-class Downsample(nnx.Module):
+class _Resample(nnx.Module):
+    """A causal conv whose channels fold into (`Downsample`) or unfold from (`Upsample`) each
+    2x2 pixel block, and with `temporal` each frame pair (factor 8, else 4)."""
+
+    UP: ClassVar[bool]
+
+    def __init__(self, in_dim: int, out_dim: int, temporal: bool, *, dtype, param_dtype, rngs):
+        self.factor = 8 if temporal else 4
+        conv_out = out_dim * self.factor if self.UP else out_dim // self.factor
+        self.conv = CausalConv3d(in_dim, conv_out, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.temporal = temporal
+        # The shortcut's channel ratio: repeats of each channel (up), or channels averaged per
+        # group (down).
+        wide, narrow = (out_dim, in_dim) if self.UP else (in_dim, out_dim)
+        self.ratio = self.factor * wide // narrow
+
+
+class Downsample(_Resample):
     """Causal conv to out / factor channels, pixel-unshuffled, plus channel-averaged shortcut.
 
     With `temporal`, frame pairs fold into channels too; the clip's first frame folds alone
     (its channels doubled to match).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, temporal: bool, *, dtype, param_dtype, rngs):
-        self.factor = 8 if temporal else 4
-        self.conv = CausalConv3d(
-            in_dim, out_dim // self.factor, dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
-        self.temporal = temporal
-        self.group = self.factor * in_dim // out_dim
+    UP = False
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         first = cache is None
         h, cache = self.conv.chunk(x, cache)
         if not self.temporal:
-            return _pack(h, 1) + _group_mean(_pack(x, 1), self.group).astype(h.dtype), cache
+            return _pack(h, 1) + _group_mean(_pack(x, 1), self.ratio).astype(h.dtype), cache
         h = _by_frame(lambda f: jnp.tile(_pack(f, 1), 2), lambda r: _pack(r, 2), h, first)
         shortcut = _by_frame(
-            lambda f: _group_mean(_pack(f, 1), self.group // 2),
-            lambda r: _group_mean(_pack(r, 2), self.group),
+            lambda f: _group_mean(_pack(f, 1), self.ratio // 2),
+            lambda r: _group_mean(_pack(r, 2), self.ratio),
             x,
             first,
         )
         return h + shortcut.astype(h.dtype), cache
 
 
-class Upsample(nnx.Module):
+class Upsample(_Resample):
     """Causal conv to out * factor channels, pixel-shuffled, plus channel-repeated shortcut.
 
     With `temporal`, channels unfold into frame pairs too, except for the clip's first frame,
     which unfolds alone (keeping the first half of its channels).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, temporal: bool, *, dtype, param_dtype, rngs):
-        self.factor = 8 if temporal else 4
-        self.conv = CausalConv3d(
-            in_dim, out_dim * self.factor, dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
-        self.temporal = temporal
-        self.repeats = self.factor * out_dim // in_dim
+    UP = True
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         first = cache is None
         h, cache = self.conv.chunk(x, cache)
         if not self.temporal:
-            shortcut = _unpack(jnp.repeat(x, self.repeats, axis=-1), 1)
+            shortcut = _unpack(jnp.repeat(x, self.ratio, axis=-1), 1)
             return _unpack(h, 1) + shortcut.astype(h.dtype), cache
 
         def first_frame(f):
@@ -184,8 +189,8 @@ class Upsample(nnx.Module):
 
         h = _by_frame(first_frame, lambda r: _unpack(r, 2), h, first)
         shortcut = _by_frame(
-            lambda f: jnp.repeat(_unpack(f, 1), self.repeats // 2, axis=-1),
-            lambda r: jnp.repeat(_unpack(r, 2), self.repeats, axis=-1),
+            lambda f: jnp.repeat(_unpack(f, 1), self.ratio // 2, axis=-1),
+            lambda r: jnp.repeat(_unpack(r, 2), self.ratio, axis=-1),
             x,
             first,
         )
