@@ -70,7 +70,8 @@ def report_user_errors(typer_app: typer.Typer) -> None:
     for info in typer_app.registered_commands:
         info.callback = user_errors(info.callback)
     for group in typer_app.registered_groups:
-        report_user_errors(group.typer_instance)
+        if group.typer_instance is not None:
+            report_user_errors(group.typer_instance)
 
 
 def parse_overrides(config, overrides: list[str]):

@@ -36,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import dvg, sampling
 from vidax.checkpoint import CheckpointError, write_atomic
+from vidax.models.dit_stages import VideoDiT
 from vidax.models.lora import LoraLike, merge_loras
 from vidax.models.registry import ModelSpec
 from vidax.models.weights import (
@@ -70,7 +71,7 @@ class Video:
     frames: np.ndarray | None
     latents: np.ndarray
     fps: int
-    noise: np.ndarray | None = None
+    noise: np.ndarray
     # With `accel`: DVG's decision per video (`vidax.dvg.Choice`: family, schedule, cost).
     choices: list | None = None
     # Wall-clock seconds of the denoising (compilation included), without the VAE decode.
@@ -297,7 +298,7 @@ def generate(
     sampler: str | None = None,
     seed: int = 0,
     checkpoint: str | os.PathLike | None = None,
-    transformer: nnx.Module | None = None,
+    transformer: VideoDiT | None = None,
     vae=None,
     text_encoder: nnx.Module | str | os.PathLike | None = None,
     decode_frames: bool = True,
@@ -427,7 +428,7 @@ def generate(
         raise ValueError(f"accel must be one of {', '.join(ACCEL_MODES)}, got {accel!r}")
     progressive = accel.removesuffix("+cache") if accel != "cache" else "none"
     sampler_kw = dict(solver=solver, guidance=cfg_scale, model_input=model_input, on_step=on_step)
-    mesh_context = contextlib.nullcontext()
+    mesh_context: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if mesh is not None:
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
         noise = jax.device_put(noise, NamedSharding(mesh, PartitionSpec(batch_axes or None)))
@@ -479,8 +480,9 @@ def generate(
 
     frames = None
     if decode_frames:
-        if vae is None and VAE in missing:
-            vae = spec.vae_spec.build(seed=0)
+        vae_spec = spec.vae_spec
+        if vae is None and VAE in missing and vae_spec is not None:
+            vae = vae_spec.build(seed=0)
         elif vae is None:
             vae = load_vae(spec, checkpoint)
         if vae is not None:
@@ -506,7 +508,7 @@ class Loaded:
     """
 
     spec: ModelSpec
-    transformer: nnx.Module
+    transformer: VideoDiT
     vae: nnx.Module | None
     text_encoder: nnx.Module | str | os.PathLike | None
     checkpoint: Path | None
@@ -566,7 +568,7 @@ def load(
     if lora:
         merge_loras(transformer, spec, lora)
     loaded_vae = load_vae(spec, checkpoint, random_weights=random_weights)
-    encoder = text_encoder
+    encoder: nnx.Module | str | os.PathLike | None = text_encoder
     if encoder is None and spec.text_config is not None:
         encoder = load_text_encoder(spec, checkpoint, random_weights=random_weights)
     return Loaded(
@@ -609,11 +611,13 @@ def _calibration_path(spec: ModelSpec, checkpoint, solver, shape, guidance: floa
         )
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = os.environ.get(ENV_STEP_CACHE)
-    if root is None:
+    given = os.environ.get(ENV_STEP_CACHE)
+    if given is not None:
+        root = Path(given)
+    else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vidax"
         root = root / "step_cache"
-    return Path(root) / f"{spec.name}-{digest}.json"
+    return root / f"{spec.name}-{digest}.json"
 
 
 def _read_calibration(path: Path) -> np.ndarray | None:

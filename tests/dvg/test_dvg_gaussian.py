@@ -48,7 +48,7 @@ class ExactDenoiser:
         sigma = t / 1000.0
         flat = x.reshape(x.shape[0], -1)
         gain = (1 - sigma) * lam / ((1 - sigma) ** 2 * lam + sigma**2)
-        x0 = ((flat @ u) * gain) @ u.T
+        x0 = ((flat @ u) * gain[None]) @ u.T
         return ((flat - x0) / sigma).reshape(x.shape)
 
 

@@ -115,7 +115,7 @@ def test_clean_data_is_reproduced_through_every_transition():
 
     def velocity(x, t, pos):
         del pos
-        return (x - target) / (t / 1000.0)
+        return (x - target.reshape(1, 1, 1, 1, -1)) / (t / 1000.0)
 
     noise = jax.random.normal(jax.random.key(2), (2, *LATENT, 4), jnp.float32)
     solver = FlowEuler(num_steps=5, shift=3.0)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """Writes `path` through a temporary file beside it that then replaces it.
 
     A process killed mid-write leaves the previous file (or none), never a truncated one, and

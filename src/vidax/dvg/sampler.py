@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,12 @@ from vidax.dvg.selector import DEFAULT_POLICY, ladders, measure
 from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
 from vidax.sharding import current
 
-# velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x.
-VelocityFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]
+if TYPE_CHECKING:  # a runtime import would cycle: vidax.models imports vidax.dvg
+    from vidax.models.dit_stages import VideoDiT
+
+# velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x. Positions
+# are built on the host (NumPy): constants of the compiled program.
+VelocityFn = Callable[[jax.Array, jax.Array, np.ndarray | None], jax.Array]
 
 
 @functools.partial(
@@ -71,7 +76,8 @@ def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
     if stage.factors == (1, 1) and not any(stage.pad):
         return lambda x, t: velocity_fn(x, t, None)
     padded = stage.padded
-    grid = tuple(n // p for n, p in zip(padded, plan.patch, strict=True))
+    (t, h, w), (pt, ph, pw) = padded, plan.patch
+    grid = (t // pt, h // ph, w // pw)
     pos = positions(grid, stage.factors, plan.patch) if plan.rope == "scaled" else None
     t0, h0, w0 = stage.shape
 
@@ -96,27 +102,20 @@ def run_stage(
     *,
     on_step: Callable[[int], None] | None = None,
     skip: Sequence[bool] | None = None,
-):
-    """Runs one stage from x at its entry level.
+) -> tuple[jax.Array, jax.Array]:
+    """Runs a reduced (not the last) stage from x at its entry level.
 
     `skip` (the base schedule's steps, `vidax.sampling.step_cache`) marks steps that reuse the
     previous velocity; a stage's first step and a reduced stage's last step always compute.
 
     Returns:
-      The last stage: the sample (b, t, h, w, c). A reduced stage: (x0, eps_hat) on its grid,
-      the clean and noise predictions of its last model evaluation (see `vidax.dvg.schedule`).
+      (x0, eps_hat) on the stage's grid: the clean and noise predictions of its last model
+      evaluation (see `vidax.dvg.schedule`).
     """
-    stage = plan.stages[index]
-    velocity = stage_velocity(velocity_fn, plan, stage)
-    solver = stage.solver
-    callback = None if on_step is None else (lambda i: on_step(i + stage.start))
-    n = solver.num_steps
-    local = None
-    if skip is not None:  # the stage's steps are the base schedule's [start, start + n)
-        local = tuple(skip[stage.start : stage.start + n]) + (False,) * n
-        local = local[:n]
     if index == len(plan.stages) - 1:
-        return sampling.sample(velocity, x, solver, on_step=callback, skip=local)
+        raise ValueError(f"stage {index} is the last stage: run it with run_last_stage")
+    velocity, solver, callback, local = _stage_parts(velocity_fn, plan, index, on_step, skip)
+    n = solver.num_steps
     x, _ = sampling.sample_steps(
         velocity, x, solver, solver.init(x), start=0, stop=n - 1, on_step=callback, skip=local
     )
@@ -127,6 +126,45 @@ def run_stage(
     if callback is not None:
         jax.debug.callback(callback, n - 1)
     return x - sigma * v, x + (1 - sigma) * v
+
+
+def run_last_stage(
+    velocity_fn: VelocityFn,
+    x: jax.Array,
+    plan: Plan,
+    *,
+    on_step: Callable[[int], None] | None = None,
+    skip: Sequence[bool] | None = None,
+) -> jax.Array:
+    """Runs the last (full-resolution) stage from x at its entry level: the (b, t, h, w, c)
+    sample. `skip` as for `run_stage`."""
+    index = len(plan.stages) - 1
+    velocity, solver, callback, local = _stage_parts(velocity_fn, plan, index, on_step, skip)
+    return sampling.sample(velocity, x, solver, on_step=callback, skip=local)
+
+
+def _stage_parts(
+    velocity_fn: VelocityFn,
+    plan: Plan,
+    index: int,
+    on_step: Callable[[int], None] | None,
+    skip: Sequence[bool] | None,
+) -> tuple[
+    Callable[[jax.Array, jax.Array], jax.Array],
+    sampling.Solver,
+    Callable[[int], None] | None,
+    tuple[bool, ...] | None,
+]:
+    """Stage `index`'s velocity, solver, step callback (base-schedule step indices) and skips
+    (the stage's own steps)."""
+    stage = plan.stages[index]
+    solver = stage.solver
+    callback = None if on_step is None else (lambda i: on_step(i + stage.start))
+    n = solver.num_steps
+    local = None
+    if skip is not None:  # the stage's steps are the base schedule's [start, start + n)
+        local = (tuple(skip[stage.start : stage.start + n]) + (False,) * n)[:n]
+    return stage_velocity(velocity_fn, plan, stage), solver, callback, local
 
 
 def transition(
@@ -203,12 +241,10 @@ def sample(
             )
         x, noise = transition(resume.x0, resume.eps_hat, noise, plan, 1, key=key)
         start = 1
-    for index in range(start, len(stages)):
-        out = run_stage(velocity_fn, x, plan, index, on_step=on_step, skip=skip)
-        if index == len(stages) - 1:
-            return out
-        x, noise = transition(*out, noise, plan, index + 1, key=key)
-    raise AssertionError("unreachable")
+    for index in range(start, len(stages) - 1):
+        x0, eps_hat = run_stage(velocity_fn, x, plan, index, on_step=on_step, skip=skip)
+        x, noise = transition(x0, eps_hat, noise, plan, index + 1, key=key)
+    return run_last_stage(velocity_fn, x, plan, on_step=on_step, skip=skip)
 
 
 # -- model-level entry points ---------------------------------------------------------------------
@@ -363,7 +399,7 @@ DEFAULT_BUDGET = 0.2
 
 
 def accelerate(
-    model: nnx.Module,
+    model: VideoDiT,
     noise: jax.Array,
     cond,
     negative,
@@ -421,10 +457,12 @@ def accelerate(
         )
         policy = dataclasses.replace(policy, spatial=True)
     config = model.config
-    latent = tuple(noise.shape[1:4])
+    t, h, w = noise.shape[1:4]
+    latent = (t, h, w)
     n = solver.num_steps
     batch = noise.shape[0]
-    patch = tuple(config.patch_size)
+    pt, ph, pw = config.patch_size
+    patch = (pt, ph, pw)
     make_plan = functools.partial(
         _cached_plan,
         latent=latent,
@@ -477,6 +515,7 @@ def accelerate(
         choice = selector.select(
             latent, patch, solver.sigmas, fitted, None, policy=policy, families=families
         )
+        assert choice is not None  # `affordable` fitted the budget to a candidate
         latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
         return latents, [choice] * batch
 
@@ -488,11 +527,12 @@ def accelerate(
     choices = []
     for row in np.asarray(probed.signals):
         measured = (float(row[0]), float(row[1]))
-        choices.append(
-            selector.select(
-                latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
-            )
+        choice = selector.select(
+            latent, patch, solver.sigmas, budget, measured, policy=policy, probe=first
         )
+        # `affordable` fitted the budget to a candidate; the signals only rank candidates.
+        assert choice is not None
+        choices.append(choice)
     groups: dict[Schedule, list[int]] = {}
     for i, c in enumerate(choices):
         groups.setdefault(c.schedule, []).append(i)

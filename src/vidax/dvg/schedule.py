@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from vidax.dvg.transition import SPATIAL_METHODS, TEMPORAL_METHODS
-from vidax.sampling import FlowEuler, UniPC, shift_sigmas
+from vidax.sampling import FlowEuler, Solver, UniPC, shift_sigmas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Schedule:
     @classmethod
     def of(cls, stages: Iterable[Stage | Sequence[int]]) -> Schedule:
         """A schedule from `Stage`s or (t_factor, s_factor, steps) triples."""
-        return cls(tuple(stages))
+        return cls(tuple(s if isinstance(s, Stage) else Stage(*s) for s in stages))
 
     @classmethod
     def full(cls, steps: int) -> Schedule:
@@ -115,6 +115,12 @@ class Schedule:
 
     def describe(self) -> str:
         return " -> ".join(f"t/{s.t_factor} s/{s.s_factor} x{s.steps}" for s in self.stages)
+
+
+def _triple(values: Iterable[int]) -> tuple[int, int, int]:
+    """(a, b, c) as Python ints (a ValueError unless there are exactly three)."""
+    a, b, c = (int(v) for v in values)
+    return a, b, c
 
 
 def reduced_shape(latent: tuple[int, int, int], factors: tuple[int, int]) -> tuple[int, int, int]:
@@ -154,7 +160,7 @@ def _padding(
     if best is None:  # unreachable: padding every axis by `multiple - ...` always works
         raise ValueError(f"cannot pad {shape} to a multiple of {multiple} tokens")
     grid = best[1]
-    return tuple(g * p - n for g, p, n in zip(grid, patch, shape, strict=True))
+    return _triple(g * p - n for g, p, n in zip(grid, patch, shape, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +182,11 @@ class StagePlan:
     start: int
     stop: int
     shift: float
-    solver: object
+    solver: Solver
 
     @property
     def padded(self) -> tuple[int, int, int]:
-        return tuple(n + p for n, p in zip(self.shape, self.pad, strict=True))
+        return _triple(n + p for n, p in zip(self.shape, self.pad, strict=True))
 
     @property
     def entry_sigma(self) -> float:
@@ -225,7 +231,7 @@ def plan(
     schedule: Schedule,
     latent: tuple[int, int, int],
     patch: tuple[int, int, int],
-    solver,
+    solver: Solver,
     *,
     multiple: int = 1,
     temporal: str = "linear",
@@ -263,8 +269,8 @@ def plan(
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
-    latent = tuple(int(n) for n in latent)
-    patch = tuple(int(p) for p in patch)
+    latent = _triple(latent)
+    patch = _triple(patch)
     if any(n % p for n, p in zip(latent, patch, strict=True)):
         raise ValueError(f"latent {latent} is not divisible by the patch {patch}")
     if patch[0] != 1 and any(s.t_factor > 1 for s in schedule.stages):
@@ -309,7 +315,7 @@ def plan(
     )
 
 
-def _solver_like(solver, sigmas: np.ndarray):
+def _solver_like(solver: Solver, sigmas: np.ndarray) -> Solver:
     """A solver of the base solver's kind and options over explicit sigmas."""
     if isinstance(solver, UniPC):
         return UniPC.from_sigmas(

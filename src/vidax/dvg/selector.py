@@ -268,7 +268,7 @@ def candidates(
 # -- predicted loss and choice --------------------------------------------------------------------
 
 
-def _signal_share(sigma: np.ndarray) -> np.ndarray:
+def _signal_share(sigma: float) -> float:
     return (1 - sigma) ** 2 / ((1 - sigma) ** 2 + sigma**2)
 
 
@@ -290,7 +290,7 @@ def _terms(candidate: Candidate, latent, base_sigmas: np.ndarray) -> np.ndarray:
         shape_next = reduced_shape(latent, nxt.factors)
         sigma = shift_sigmas(base_sigmas[step], math.sqrt(math.prod(shape_next) / full))
         rows[i] = (
-            float(_signal_share(np.float64(sigma))),
+            _signal_share(float(sigma)),
             math.log2(prev.t_factor),
             math.log2(nxt.t_factor),
             math.log2(prev.s_factor),

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import jax
 from flax import nnx
@@ -23,30 +23,35 @@ from flax import nnx
 from vidax import sampling
 from vidax.models import hunyuan, hunyuan15, hunyuan15_vae, hunyuan_vae, wan, wan_vae
 from vidax.models.causal import ForcingConfig
+from vidax.models.dit_stages import VideoDiT
 from vidax.models.geometry import LatentGeometry
+from vidax.models.video_vae import VideoVAE
 from vidax.models.word_encoder import WordEncoderConfig
 
 # Weights shipped with vidax: `ModelSpec.weights` / `CausalPreset.weights` name a folder here.
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
-class ModelClass(Protocol):
+M = TypeVar("M", bound=nnx.Module, covariant=True)
+
+
+class ModelClass(Protocol[M]):
     """A model class: built from its config and the random streams (`Model(config, rngs=...)`)."""
 
-    def __call__(self, config: Any, /, *, rngs: nnx.Rngs) -> nnx.Module: ...
+    def __call__(self, config: Any, /, *, rngs: nnx.Rngs) -> M: ...
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
+class Family(Generic[M]):
     """A model family: its package (exporting PRESETS, `load(path, config, ...)`, `key_map`,
     `from_diffusers_config`; DiTs also `conditioning` and optionally `model_input` and
     `embedded_guidance`, see `vidax.pipeline.Adapter`) and its model class."""
 
     module: ModuleType
-    model: ModelClass
+    model: ModelClass[M]
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: dict[str, Family[VideoDiT]] = {
     "wan": Family(wan, wan.WanTransformer),
     "hunyuanvideo": Family(hunyuan, hunyuan.HunyuanVideoTransformer),
     "hunyuanvideo15": Family(hunyuan15, hunyuan15.HunyuanVideo15Transformer),
@@ -113,7 +118,7 @@ class ModelSpec:
     text_config: Any = None
 
     @property
-    def module(self) -> ModelClass:
+    def module(self) -> ModelClass[VideoDiT]:
         return FAMILIES[self.family].model
 
     @property
@@ -137,7 +142,7 @@ class ModelSpec:
     def vae_name(self) -> str | None:
         return self.vae if self.vae is None or isinstance(self.vae, str) else self.vae.name
 
-    def build(self, *, seed: int = 0, config=None) -> nnx.Module:
+    def build(self, *, seed: int = 0, config=None) -> VideoDiT:
         """A randomly initialised transformer (use `loader` for real weights)."""
         return self.module(config or self.config, rngs=nnx.Rngs(seed))
 
@@ -322,7 +327,7 @@ def _specs() -> dict[str, ModelSpec]:
 
 
 # VAE families: package exporting PRESETS, load(path, config), from_diffusers_config.
-VAE_FAMILIES: dict[str, Family] = {
+VAE_FAMILIES: dict[str, Family[VideoVAE]] = {
     "wan": Family(wan_vae, wan_vae.WanVAE),
     "hunyuan": Family(hunyuan_vae, hunyuan_vae.HunyuanVideoVAE),
     "hunyuan15": Family(hunyuan15_vae, hunyuan15_vae.HunyuanVideo15VAE),
@@ -340,14 +345,14 @@ class VAESpec:
     path: Path | None = None
 
     @property
-    def module(self) -> ModelClass:
+    def module(self) -> ModelClass[VideoVAE]:
         return VAE_FAMILIES[self.family].model
 
     @property
     def loader(self) -> Callable:
         return VAE_FAMILIES[self.family].module.load
 
-    def build(self, *, seed: int = 0) -> nnx.Module:
+    def build(self, *, seed: int = 0) -> VideoVAE:
         return self.module(self.config, rngs=nnx.Rngs(seed))
 
 

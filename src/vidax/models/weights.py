@@ -24,6 +24,7 @@ from flax import nnx
 
 from vidax.checkpoint import CheckpointError
 from vidax.models import pretrained, word_encoder
+from vidax.models.dit_stages import VideoDiT
 from vidax.models.registry import ASSETS, ModelSpec, get
 from vidax.sharding import param_shardings
 
@@ -144,7 +145,7 @@ def load_transformer(
     mesh=None,
     strategy=None,
     random_weights: bool = False,
-):
+) -> VideoDiT:
     """The spec's DiT from `checkpoint` (diffusers layout: a pipeline dir with `transformer/`, a
     transformer dir, index or file), or its shipped weights, or (only with `random_weights`,
     warning) random weights.
@@ -169,7 +170,7 @@ def load_transformer(
     return random_transformer(spec, mesh, strategy)
 
 
-def random_transformer(spec: ModelSpec, mesh=None, strategy: str | None = None) -> nnx.Module:
+def random_transformer(spec: ModelSpec, mesh=None, strategy: str | None = None) -> VideoDiT:
     """The spec's DiT on random initialisation (seed 0), placed sharded over `mesh` if given."""
     model = spec.build(seed=0)
     if mesh is not None:

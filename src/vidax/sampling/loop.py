@@ -155,7 +155,8 @@ def classifier_free_guidance(
     if negative_context is None or (isinstance(scale, (int, float)) and scale == 1):
         return lambda x, t: model_fn(x, timesteps(x, t), context)
 
-    if jax.tree.structure(context) != jax.tree.structure(negative_context):
+    # PyTreeDef lives in a compiled module jaxlib ships without a stub: mypy cannot resolve it.
+    if jax.tree.structure(context) != jax.tree.structure(negative_context):  # type: ignore[operator]
         raise ValueError(
             "context and negative_context must have the same structure, got "
             f"{jax.tree.structure(context)} and {jax.tree.structure(negative_context)}"

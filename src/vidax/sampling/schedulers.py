@@ -44,7 +44,8 @@ NUM_TRAIN_TIMESTEPS = 1000
 class Solver(Protocol):
     """What `vidax.sampling.sample` needs from a solver (see the module docstring)."""
 
-    num_steps: int
+    @property
+    def num_steps(self) -> int: ...
 
     @property
     def sigmas(self) -> np.ndarray: ...
@@ -222,16 +223,17 @@ class UniPCState(NamedTuple):
     """UniPC's carry between steps.
 
     Attributes:
-      history: (order, *x.shape) float32 x₀ predictions, oldest first (only the last `count`
+      history: (order, *x.shape) float32 x₀ predictions, oldest first (only the last `filled`
         are valid).
       last_sample: the sample the previous predictor started from (the corrector re-solves that
         step with the new prediction).
-      count: int32 scalar, valid history entries (0 in a fresh state: no corrector, first order).
+      filled: int32 scalar, valid history entries (0 in a fresh state: no corrector, first
+        order). Not `count`: a NamedTuple field of that name hides `tuple.count`.
     """
 
     history: jax.Array
     last_sample: jax.Array
-    count: jax.Array
+    filled: jax.Array
 
 
 class _Coefficients(NamedTuple):
@@ -446,7 +448,7 @@ class UniPC:
         return UniPCState(
             history=jnp.zeros((self.order, *x.shape), dtype),
             last_sample=jnp.zeros(x.shape, dtype),
-            count=jnp.zeros((), jnp.int32),
+            filled=jnp.zeros((), jnp.int32),
         )
 
     def step(
@@ -468,17 +470,17 @@ class UniPC:
         m_t = x_in - sigma * v  # x₀ prediction at the uncorrected sample, as the reference
 
         # UniC: re-solve the previous step with m_t, using the order its predictor used.
-        p_c = jnp.minimum(jnp.asarray(self._order_caps)[jnp.maximum(i - 1, 0)], state.count)
+        p_c = jnp.minimum(jnp.asarray(self._order_caps)[jnp.maximum(i - 1, 0)], state.filled)
         corrected = self._update(
             self._corrector, i, jnp.maximum(p_c, 1) - 1, state.last_sample, state.history, m_t
         )
-        x_c = jnp.where(state.count > 0, corrected, x_in)
+        x_c = jnp.where(state.filled > 0, corrected, x_in)
 
         history = jnp.concatenate([state.history[1:], m_t[None]], axis=0)
-        count = jnp.minimum(state.count + 1, self.order)
-        p = jnp.minimum(jnp.asarray(self._order_caps)[i], count)
+        filled = jnp.minimum(state.filled + 1, self.order)
+        p = jnp.minimum(jnp.asarray(self._order_caps)[i], filled)
         x_next = self._update(self._predictor, i, p - 1, x_c, history, None)
-        state = UniPCState(history=history, last_sample=x_c, count=count.astype(jnp.int32))
+        state = UniPCState(history=history, last_sample=x_c, filled=filled.astype(jnp.int32))
         return x_next.astype(x.dtype), state
 
     def _update(self, coef: _Coefficients, i, p, x, history, m_t):
