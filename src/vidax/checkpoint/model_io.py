@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import numpy as np
 from flax import nnx
@@ -13,16 +14,18 @@ from vidax.checkpoint.keymap import Rule, export_state, load_state
 from vidax.checkpoint.safetensors import open_checkpoint, save_file
 from vidax.sharding import param_shardings
 
+M = TypeVar("M", bound=nnx.Module)
+
 
 def load_model(
-    build: Callable[[], nnx.Module],
+    build: Callable[[], M],
     path: str | os.PathLike,
     rules: Iterable[Rule],
     *,
     mesh: Mesh | None = None,
     strategy=None,
     ignore: Iterable[str] = (),
-) -> nnx.Module:
+) -> M:
     """Builds `build()` abstractly (no random init) and fills it from the checkpoint at `path`.
 
     With `mesh`, every parameter is placed directly with the sharding its logical axes get
