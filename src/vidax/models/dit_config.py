@@ -15,7 +15,20 @@ from vidax.checkpoint import Rule, load_model
 Model = TypeVar("Model", bound=nnx.Module)
 
 
-class PatchedVideoDiT:
+class ConfigDtypes:
+    """The dtypes of a config dataclass with the string fields `dtype` (compute) and
+    `param_dtype` (storage)."""
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def storage_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+
+class PatchedVideoDiT(ConfigDtypes):
     """Derived properties of a DiT config dataclass with the fields `patch_size` (pt, ph, pw),
     `in_channels`, `out_channels`, `dtype` and `param_dtype`."""
 
@@ -30,14 +43,6 @@ class PatchedVideoDiT:
         """Features of one output patch token before unpatchify."""
         pt, ph, pw = self.patch_size
         return pt * ph * pw * self.out_channels
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
 
     def num_tokens(self, latent_frames: int, latent_height: int, latent_width: int) -> int:
         """Tokens of a (t, h, w) latent after patchify."""

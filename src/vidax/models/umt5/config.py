@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
+from vidax.models.dit_config import ConfigDtypes
 
 # float16 is left out on purpose: T5's gated FFN overflows it (transformers keeps `wo` in float32
 # and clamps activations to cope); bfloat16 has float32's range and needs neither.
@@ -12,7 +12,7 @@ _DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class UMT5Config:
+class UMT5Config(ConfigDtypes):
     """Architecture and numerics of an encoder-only UMT5 (the text encoder of Wan 2.1).
 
     Attributes:
@@ -69,14 +69,6 @@ class UMT5Config:
     def inner_dim(self) -> int:
         """Width of the attention projections, n * k."""
         return self.num_heads * self.d_kv
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def storage_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.param_dtype)
 
     @property
     def num_params(self) -> int:
