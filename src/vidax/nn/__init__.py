@@ -2,7 +2,7 @@
 
 from vidax.nn.attention import attention
 from vidax.nn.embeddings import timestep_embedding
-from vidax.nn.layers import FeedForward, LayerNorm, Linear, RMSNorm, expand_left, modulate
+from vidax.nn.layers import FeedForward, LayerNorm, Linear, RMSNorm, last_axis, modulate
 from vidax.nn.rope import apply_rope, rope_angles, video_positions
 
 __all__ = [
@@ -12,7 +12,7 @@ __all__ = [
     "RMSNorm",
     "apply_rope",
     "attention",
-    "expand_left",
+    "last_axis",
     "modulate",
     "rope_angles",
     "timestep_embedding",

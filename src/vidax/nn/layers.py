@@ -20,10 +20,10 @@ def param(value: jax.Array, axes: Axes) -> nnx.Param:
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
-def expand_left(v: jax.Array, ndim: int) -> jax.Array:
-    """`v` with unit axes prepended up to `ndim` axes, e.g. a (d,) bias as (1, 1, d): the
+def last_axis(v: Float[Array, " c"], ndim: int) -> Float[Array, "... c"]:
+    """A per-channel vector shaped to broadcast against a rank-`ndim` channels-last array: the
     broadcast over leading axes made explicit (tests run with rank promotion = "raise")."""
-    return jnp.expand_dims(v, tuple(range(ndim - v.ndim)))
+    return v.reshape((1,) * (ndim - 1) + (-1,))
 
 
 class Linear(nnx.Module):
@@ -50,7 +50,7 @@ class Linear(nnx.Module):
     def __call__(self, x: Float[Array, "... i"]) -> Float[Array, "... o"]:
         y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
         if self.bias is not None:
-            y = y + expand_left(self.bias[...].astype(self.dtype), y.ndim)
+            y = y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
         return y
 
 
@@ -73,7 +73,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
-        return (y * expand_left(self.scale[...].astype(jnp.float32), y.ndim)).astype(x.dtype)
+        return (y * last_axis(self.scale[...].astype(jnp.float32), y.ndim)).astype(x.dtype)
 
 
 class LayerNorm(nnx.Module):
@@ -104,9 +104,9 @@ def layer_norm(x, eps: float, scale=None, bias=None):
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
     y = (xf - mean) * jax.lax.rsqrt(var + eps)
     if scale is not None:
-        y = y * expand_left(scale[...].astype(jnp.float32), y.ndim)
+        y = y * last_axis(scale[...].astype(jnp.float32), y.ndim)
     if bias is not None:
-        y = y + expand_left(bias[...].astype(jnp.float32), y.ndim)
+        y = y + last_axis(bias[...].astype(jnp.float32), y.ndim)
     return y.astype(x.dtype)
 
 
