@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +32,17 @@ from vidax.dvg.selector import DEFAULT_POLICY, ladders, measure
 from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
 from vidax.sharding import current
 
-if TYPE_CHECKING:  # a runtime import would cycle: vidax.models imports vidax.dvg
-    from vidax.models.dit_stages import VideoDiT
+
+class PatchedDiT(Protocol):
+    """What DVG needs of a DiT (`vidax.models.dit_stages.VideoDiT` is one): its config's
+    `patch_size`, and a forward taking the tokens' `positions` (a reduced grid's)."""
+
+    config: Any
+
+    def __call__(
+        self, x: jax.Array, timestep: jax.Array, *args: Any, **kwargs: Any
+    ) -> jax.Array: ...
+
 
 # velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x. Positions
 # are built on the host (NumPy): constants of the compiled program.
@@ -270,7 +279,7 @@ def model_velocity(model, cond, negative, guidance: float, model_input=None) -> 
 
 
 def denoise(
-    model: nnx.Module,
+    model: PatchedDiT,
     noise: jax.Array,
     cond,
     negative,
@@ -322,7 +331,7 @@ def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bo
 
 
 def probe(
-    model: nnx.Module,
+    model: PatchedDiT,
     noise: jax.Array,
     cond,
     negative,
@@ -399,7 +408,7 @@ DEFAULT_BUDGET = 0.2
 
 
 def accelerate(
-    model: VideoDiT,
+    model: PatchedDiT,
     noise: jax.Array,
     cond,
     negative,
@@ -492,7 +501,7 @@ def accelerate(
 
     def affordable(families, probe_at):
         """The budget, or (with a warning) the cheapest schedule's cost when none fits it."""
-        kw = dict(policy=policy, families=families, probe=probe_at)
+        kw: dict[str, Any] = dict(policy=policy, families=families, probe=probe_at)
         if selector.select(latent, patch, solver.sigmas, budget, None, **kw) is not None:
             return budget
         cheapest = selector.cheapest(latent, patch, solver.sigmas, **kw)
