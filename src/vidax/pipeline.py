@@ -452,7 +452,9 @@ def generate(
                 _write_calibration(path, changes)
             if accel == "dvg+cache" or not calibrating:
                 keep = budget if accel == "cache" and budget is not None else None
-                skip = step_cache.plan_skips(changes, keep or step_cache.DEFAULT_KEEP)
+                skip = step_cache.plan_skips(
+                    changes, keep or step_cache.DEFAULT_KEEP, warn=keep is not None
+                )
             skipped = 0 if skip is None else sum(skip)
             cache = StepCacheReport(steps, skipped, path, calibrating)
             if accel == "cache" and skip is not None:

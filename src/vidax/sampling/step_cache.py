@@ -48,7 +48,11 @@ def relative_change(previous: jax.Array, current: jax.Array) -> jax.Array:
 
 
 def plan_skips(
-    changes: Sequence[float] | np.ndarray, keep: float = DEFAULT_KEEP, *, warmup: float = WARMUP
+    changes: Sequence[float] | np.ndarray,
+    keep: float = DEFAULT_KEEP,
+    *,
+    warmup: float = WARMUP,
+    warn: bool = True,
 ) -> tuple[bool, ...]:
     """Which steps reuse the previous step's output, from a calibration run's changes.
 
@@ -57,6 +61,7 @@ def plan_skips(
         records it; NaN or any value at step 0, which is never skipped).
       keep: fraction of the n forwards to run, in (0, 1]; 1 skips nothing.
       warmup: fraction of the first steps always computed.
+      warn: warn when the rules allow fewer skips than `keep` asks (off for a default keep).
 
     Returns:
       (n,) bools. Fewer skips than asked, with a warning, when the rules leave too few
@@ -75,7 +80,7 @@ def plan_skips(
             break
         if not skip[i - 1] and not skip[i + 1]:
             skip[i] = True
-    if sum(skip) < wanted:
+    if warn and sum(skip) < wanted:
         warnings.warn(
             f"keep {keep:.3g} asks to skip {wanted} of {n} forwards; the step cache skips at most "
             f"{sum(skip)} (none in the first {first}, not the last, never two in a row): running "
