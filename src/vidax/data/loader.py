@@ -100,7 +100,10 @@ def batch_rows(mesh: Mesh | None, batch_size: int) -> range:
     if jax.process_count() == 1:
         return range(batch_size)
     index_map = sharding.addressable_devices_indices_map((batch_size,))
-    rows = sorted({r for idx in index_map.values() for r in range(batch_size)[idx[0]]})
+    # (A device holding no part of the array maps to None.)
+    rows = sorted(
+        {r for idx in index_map.values() if idx is not None for r in range(batch_size)[idx[0]]}
+    )
     if rows != list(range(rows[0], rows[-1] + 1)):
         raise ValueError(f"process {jax.process_index()} holds non-contiguous batch rows")
     return range(rows[0], rows[-1] + 1)

@@ -36,6 +36,7 @@ from vidax.data.shapes import (
     SPEED,
     ClipSpec,
     ObjectSpec,
+    XArray,
     camera_velocity,
     caption,
     describe,
@@ -61,7 +62,8 @@ _EXTENTS = np.asarray([extent(s, 1.0) for s in SHAPES], np.float32)  # (3, 4) pe
 
 
 class Scenes(NamedTuple):
-    """A batch of n clip specs as arrays (a pytree): `MAX_OBJECTS` slots per clip.
+    """A batch of n clip specs as arrays (a pytree; NumPy on the host, jax arrays on device):
+    `MAX_OBJECTS` slots per clip.
 
     Objects fill slots in draw order (later on top); absent slots draw and say nothing, and
     their other fields are ignored. Texture fields are `shapes._texture_params` as drawn.
@@ -83,20 +85,20 @@ class Scenes(NamedTuple):
         wave_tint: (n, 3, 3) float32 channel tint of each wave.
     """
 
-    present: jax.Array
-    shape: jax.Array
-    colour: jax.Array
-    size: jax.Array
-    position: jax.Array
-    motion: jax.Array
-    direction: jax.Array
-    pan: jax.Array
-    tint: jax.Array
-    base: jax.Array
-    angles: jax.Array
-    freqs: jax.Array
-    phases: jax.Array
-    wave_tint: jax.Array
+    present: XArray
+    shape: XArray
+    colour: XArray
+    size: XArray
+    position: XArray
+    motion: XArray
+    direction: XArray
+    pan: XArray
+    tint: XArray
+    base: XArray
+    angles: XArray
+    freqs: XArray
+    phases: XArray
+    wave_tint: XArray
 
 
 def _check_scenes(scenes: Scenes) -> int:
@@ -253,7 +255,7 @@ def sample_scenes(
         return jnp.minimum(lo + jnp.floor((hi - lo) * u[name]).astype(jnp.int32), hi - 1)
 
     count = integers("count", min_objects, max_objects + 1)  # (n, 1)
-    present = jnp.arange(k) < count
+    present = jnp.arange(k)[None] < count
     # The first k of a random permutation: distinct colours, each subset and order equally likely.
     colour = jnp.argsort(u["colour"], axis=-1)[:, :k]
     shape = integers("shape", 0, len(SHAPES))
@@ -269,12 +271,12 @@ def sample_scenes(
     # Earlier slots of a present slot are present, so no mask is needed.
     placed = [candidates[:, 0, 0]]  # the first object takes its first candidate
     for j in range(1, k):
-        apart = [
+        clear = [
             jnp.sqrt(jnp.sum((candidates[:, j] - other[:, None]) ** 2, axis=-1))
             > 2.2 * (size[:, j] + size[:, i])[:, None]
             for i, other in enumerate(placed)
         ]
-        apart = functools.reduce(jnp.logical_and, apart)  # (n, tries)
+        apart = functools.reduce(jnp.logical_and, clear)  # (n, tries)
         pick = jnp.where(apart.any(-1), jnp.argmax(apart, axis=-1), tries - 1)
         placed.append(jnp.take_along_axis(candidates[:, j], pick[:, None, None], axis=1)[:, 0])
     position = jnp.stack(placed, axis=1)
@@ -313,12 +315,12 @@ def trajectories(scenes: Scenes, num_frames: int, height: int = 64, width: int =
     v = (own - jnp.asarray(_CAMERA)[scenes.pan][:, None]) * scale  # (n, 3, 2) px per frame
     # (left, right, top, bottom) distances from the centroid to the edges, in pixels.
     ext = jnp.asarray(_EXTENTS)[scenes.shape] * (scenes.size * scale)[..., None]
-    frame = jnp.asarray([width, height], jnp.float32)
+    frame = jnp.asarray([width, height], jnp.float32).reshape(1, 1, 2)
     lo = ext[..., 0::2]  # (left, top)
     hi = frame - ext[..., 1::2]  # (width - right, height - bottom)
-    t = jnp.arange(num_frames, dtype=jnp.float32)[:, None]
+    t = jnp.arange(num_frames, dtype=jnp.float32).reshape(1, 1, -1, 1)
     p = (scenes.position * frame)[..., None, :] + v[..., None, :] * t  # (n, 3, t, 2)
-    return shapes._fold(p, lo[..., None, :], hi[..., None, :], xp=jnp)
+    return jnp.asarray(shapes._fold(p, lo[..., None, :], hi[..., None, :], xp=jnp))
 
 
 def _pan_tables(num_frames: int, scale: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -351,21 +353,23 @@ def _background(scenes: Scenes, num_frames: int, height: int, width: int) -> jax
     # lerp's right-hand neighbour.
     reach = floors.max(axis=1) - lows + 1
     extra = [int(reach[axes == a].max(initial=1)) for a in (0, 1)]
-    axes, floors, fracs, lows = (jnp.asarray(x) for x in (axes, floors, fracs, lows))
+    pan_axes, pan_floors, pan_fracs, pan_lows = (
+        jnp.asarray(x) for x in (axes, floors, fracs, lows)
+    )
 
-    def one(params: shapes._TextureParams, pan: jax.Array) -> jax.Array:
-        along = [axes[pan] == a for a in (0, 1)]  # the pan moves along rows / along columns
-        low = [jnp.where(along[a], lows[pan], 0) for a in (0, 1)]
+    def one(params: shapes._TextureParams, pan: XArray) -> jax.Array:
+        along = [pan_axes[pan] == a for a in (0, 1)]  # the pan moves along rows / columns
+        low = [jnp.where(along[a], pan_lows[pan], 0) for a in (0, 1)]
         rows = (low[0] + jnp.arange(height + extra[0])).astype(jnp.float32)
         cols = (low[1] + jnp.arange(width + extra[1])).astype(jnp.float32)
         tex = shapes._texture(params, rows, cols, scale, xp=jnp)  # (h + e0, w + e1, 3)
-        offset = floors[pan] - lows[pan]  # (t,) >= 0
+        offset = pan_floors[pan] - pan_lows[pan]  # (t,) >= 0
         r = jnp.where(along[0], offset, 0)[:, None, None] + jnp.arange(height)[:, None]
         c = jnp.where(along[1], offset, 0)[:, None, None] + jnp.arange(width)
         a = tex[r, c]  # (t, h, w, 3)
         b = tex[r + along[0].astype(jnp.int32), c + along[1].astype(jnp.int32)]
         # The reference's operation order: (b - a) * frac + a. No pan: frac = 0, exactly a.
-        return (b - a) * fracs[pan][:, None, None, None] + a
+        return (b - a) * pan_fracs[pan][:, None, None, None] + a
 
     params = shapes._TextureParams(
         scenes.tint, scenes.base, scenes.angles, scenes.freqs, scenes.phases, scenes.wave_tint
@@ -425,8 +429,8 @@ def _caption_grammar() -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndar
     for (c, colour), (s, shape), (m, motion), (d, direction) in itertools.product(
         enumerate(PALETTE), enumerate(SHAPES), enumerate(MOTIONS), enumerate(DIRECTIONS)
     ):
-        direction = None if motion == "still" else direction
-        obj = ObjectSpec(shape=shape, colour=colour, motion=motion, direction=direction)
+        moving = None if motion == "still" else direction
+        obj = ObjectSpec(shape=shape, colour=colour, motion=motion, direction=moving)
         clauses[c, s, m, d] = words(describe(obj))
     probe = ObjectSpec(shape=SHAPES[0], colour=next(iter(PALETTE)))
     # The pan clause is what a caption adds after its one object's words.
@@ -473,11 +477,11 @@ def caption_ids(scenes: Scenes, text_len: int) -> tuple[jax.Array, jax.Array]:
     ends = jnp.cumsum(lengths, axis=1)  # (n, 4)
     pos = jnp.arange(text_len)
     # Word pos lies in the first segment that ends after it (empty segments are skipped).
-    which = jnp.minimum(jnp.sum(ends[:, None, :] <= pos[:, None], axis=-1), 3)  # (n, text_len)
+    which = jnp.minimum(jnp.sum(ends[:, None, :] <= pos[None, :, None], axis=-1), 3)  # (n, len)
     start = jnp.take_along_axis(ends - lengths, which, axis=1)
-    offset = jnp.clip(pos - start, 0, segments.shape[-1] - 1)
+    offset = jnp.clip(pos[None] - start, 0, segments.shape[-1] - 1)
     ids = segments[jnp.arange(n)[:, None], which, offset]
-    mask = pos < ends[:, -1:]
+    mask = pos[None] < ends[:, -1:]
     return jnp.where(mask, ids, 0), mask
 
 

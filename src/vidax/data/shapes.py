@@ -26,9 +26,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import jax
+
+# NumPy on the host; jax arrays where `vidax.data.scene_render` calls with `xp=jnp`.
+XArray: TypeAlias = "np.ndarray | jax.Array"
 
 # RGB in [0, 1]. Pairwise distances are >= 0.75 and every colour is >= 0.5 from the dim,
 # desaturated background, so nearest-colour segmentation with a 0.3 threshold is unambiguous.
@@ -190,7 +196,8 @@ def sample_spec(
         position = (0.5, 0.5)
         margin = max(extent(shape, size)) + 0.02  # start inside the walls
         for _ in range(20):
-            position = tuple(float(np.round(rng.uniform(margin, 1 - margin), 4)) for _ in "xy")
+            x, y = (float(np.round(rng.uniform(margin, 1 - margin), 4)) for _ in "xy")
+            position = (x, y)
             if all(_apart(position, size, o) for o in objects):
                 break
         objects.append(
@@ -235,8 +242,8 @@ def extent(shape: str, radius: float) -> tuple[float, float, float, float]:
 
 
 def signed_distance(
-    shape: str, dx: np.ndarray, dy: np.ndarray, radius: float, *, xp: Any = np
-) -> np.ndarray:
+    shape: str, dx: XArray, dy: XArray, radius: float | XArray, *, xp: Any = np
+) -> XArray:
     """Signed distance (negative inside) from offsets (dx, dy) to a shape at the origin.
 
     Args:
@@ -265,7 +272,7 @@ def _extent(obj: ObjectSpec, scale: float) -> tuple[float, float, float, float]:
     return extent(obj.shape, obj.size * scale)
 
 
-def _fold(p: np.ndarray, lo: float, hi: float, *, xp: Any = np) -> np.ndarray:
+def _fold(p: XArray, lo: float | XArray, hi: float | XArray, *, xp: Any = np) -> XArray:
     """Reflects an unbounded 1-d path into [lo, hi] (a triangle wave): elastic wall bounces.
 
     Branch-free so that `vidax.data.scene_render` folds traced bounds with `xp=jnp`; a range with
@@ -309,12 +316,12 @@ def _check_size(num_frames: int, height: int, width: int) -> None:
 class _TextureParams(NamedTuple):
     """A background's random parameters (numpy arrays, or per-clip arrays under `jax.vmap`)."""
 
-    tint: np.ndarray  # (3,) channel tint, max 1
-    base: float  # gradient brightness
-    angles: np.ndarray  # (3,) wave directions, radians
-    freqs: np.ndarray  # (3,) wave frequencies, radians per min(h, w)
-    phases: np.ndarray  # (4,) three wave phases, then the gradient's
-    wave_tint: np.ndarray  # (3, 3) channel tint of each wave
+    tint: XArray  # (3,) channel tint, max 1
+    base: float | XArray  # gradient brightness
+    angles: XArray  # (3,) wave directions, radians
+    freqs: XArray  # (3,) wave frequencies, radians per min(h, w)
+    phases: XArray  # (4,) three wave phases, then the gradient's
+    wave_tint: XArray  # (3, 3) channel tint of each wave
 
 
 def _texture_params(seed: int) -> _TextureParams:
@@ -331,8 +338,8 @@ def _texture_params(seed: int) -> _TextureParams:
 
 
 def _texture(
-    params: _TextureParams, rows: np.ndarray, cols: np.ndarray, scale: int, *, xp: Any = np
-) -> np.ndarray:
+    params: _TextureParams, rows: XArray, cols: XArray, scale: int, *, xp: Any = np
+) -> XArray:
     """Background colour (len(rows), len(cols), 3) in [-1, 1] at world pixel coordinates.
 
     A tinted vertical gradient plus three low-frequency plane waves. Channels stay in
@@ -466,6 +473,7 @@ def describe(obj: ObjectSpec) -> str:
     if obj.motion == "still":
         return f"{head} standing still"
     # Every moving object bounces off the frame edges, hence one verb for both speeds.
+    assert obj.direction is not None  # ObjectSpec: a moving object has a direction
     return f"{head} bouncing {_SPEED_WORD[obj.motion]} {_DIRECTION_PHRASE[obj.direction]}"
 
 
@@ -534,6 +542,8 @@ def parse_caption(text: str) -> list[CaptionObject]:
         if m is None:
             raise ValueError(f"caption clause {clause!r} names no known object or camera pan")
         rest = m["rest"]
+        motion: str | None
+        direction: str | None
         if _STILL_RE.search(rest):
             motion, direction = "still", None
         else:
@@ -671,7 +681,7 @@ _EVAL_TABLE: dict[str, list[tuple[tuple[ObjectSpec, ...], str]]] = {
 
 
 def _eval_prompts() -> tuple[EvalPrompt, ...]:
-    out = []
+    out: list[EvalPrompt] = []
     for category, rows in _EVAL_TABLE.items():
         for i, (objects, pan) in enumerate(rows):
             seed = 1000 + len(out)

@@ -322,13 +322,13 @@ def sparse_attention(
     o_sel = o_sel.astype(f32)
 
     # Compressed branch: every query over all compressed tokens (cache blocks + ring).
-    keys, values, ok = [k_cmp], [v_cmp], [valid]
+    key_parts, value_parts, ok_parts = [k_cmp], [v_cmp], [valid]
     if c.compressed_tokens:
         ring_pos = block_centre_positions(cache.cframe, cache.cblock, chunk_start, layout)
-        keys.append(_rotate(cache.ck.astype(f32), ring_pos, rope))
-        values.append(cache.cv.astype(f32))
-        ok.append(cache.cframe >= 0)
-    keys, values, ok = (jnp.concatenate(x, axis=2) for x in (keys, values, ok))
+        key_parts.append(_rotate(cache.ck.astype(f32), ring_pos, rope))
+        value_parts.append(cache.cv.astype(f32))
+        ok_parts.append(cache.cframe >= 0)
+    keys, values, ok = (jnp.concatenate(x, axis=2) for x in (key_parts, value_parts, ok_parts))
     o_cmp, _ = _attend_pool(qr, keys[:, :, :, None], values[:, :, :, None], ok, scale)
 
     gates = jnp.tanh(

@@ -33,6 +33,7 @@ from vidax.forcing.attention import (
 )
 from vidax.forcing.cache import KVCache, init_cache, write_chunk
 from vidax.models.causal import CacheLayout, ForcingConfig
+from vidax.models.dit_stages import VideoDiT
 from vidax.models.wan import WanConfig, WanTransformer
 from vidax.models.wan import key_map as wan_key_map
 from vidax.nn import video_positions
@@ -55,8 +56,16 @@ class CausalWan(nnx.Module):
         )
 
     @classmethod
-    def from_transformer(cls, transformer: WanTransformer) -> CausalWan:
-        """Wraps trained bidirectional weights (sparse heads zero: sparse starts as dense)."""
+    def from_transformer(cls, transformer: VideoDiT) -> CausalWan:
+        """Wraps trained bidirectional weights (sparse heads zero: sparse starts as dense).
+
+        Raises:
+          ValueError: `transformer` is not a Wan transformer (the causal model builds on one).
+        """
+        if not isinstance(transformer, WanTransformer):
+            raise ValueError(
+                f"a causal model builds on a Wan transformer, got {type(transformer).__name__}"
+            )
         model = nnx.eval_shape(lambda: cls(transformer.config, rngs=nnx.Rngs(0)))
         model.transformer = transformer
         model.sparse = make_sparse_params(
@@ -131,6 +140,7 @@ def forward_chunk(
         layer = cache.layer(i)
 
         def attend(q, k, v):
+            mass: jax.Array | None  # dense attention keeps no block mass
             if cfg.sparse:
                 o, mass = sparse_attention(q, k, v, layer, start, layout, rope, params)
             else:

@@ -311,18 +311,20 @@ class TrainBatches:
         self.vae = vae
         self.repeat = repeat
         self.used = 0  # steps served from the current batch
-        self._current = None
+        self._current: dict[str, np.ndarray] | None = None
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self._current is None or self.used == self.repeat:
+        current = self._current
+        if current is None or self.used == self.repeat:
             batch = next(self.loader)
             embeds, mask = self.embed(batch["caption"])
             out = {"context": embeds * mask[..., None]}
             if self.vae is not None:
                 out["latents"] = np.asarray(_encode(self.vae, jnp.asarray(batch["video"])))
-            self._current, self.used = out, 0
+            current = self._current = out
+            self.used = 0
         self.used += 1
-        return self._current
+        return current
 
     def get_state(self) -> dict[str, int]:
         return {**self.loader.get_state(), "used": self.used}
@@ -388,6 +390,7 @@ def train_stage(
         # A copy: the step donates its state, and the teacher must not alias the parameters.
         frozen = nnx.state(teacher if teacher is not None else model)
         state["teacher"] = jax.tree.map(jnp.copy, frozen)
+    batches: LatentBatches | TrainBatches
     if config.kind == "diffusion_forcing" and config.latents_dir is not None:
         batches = LatentBatches(
             config.latents_dir,
@@ -442,6 +445,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
 
     else:
         layout = config.forcing.layout(_grid(wan, config.latent_hw))
+        assert config.teacher_forcing is not None  # StageConfig requires it for self_forcing
         teacher_layout = config.teacher_forcing.layout(_grid(wan, config.latent_hw))
 
         def loss_fn(params, batch, key):
@@ -519,7 +523,7 @@ def tiny_causal_stages(
     """
     preset = get_causal("tiny-causal")
     dense, sparse = preset.dense, preset.sparse
-    rollout = dict(
+    rollout: dict[str, Any] = dict(
         kind="self_forcing",
         steps=final_steps,
         batch_size=batch_size,

@@ -68,7 +68,7 @@ def train_causal(
     spec = preset.spec  # the base model with the preset's VAE
     base = load_transformer(get(preset.base), transformer)
     if vae is not None:
-        vae_spec = get_vae(spec.vae)
+        vae_spec = get_vae(spec.vae_preset())
         vae_model = vae_spec.loader(vae, vae_spec.config)
     else:
         vae_model = spec.load_vae()
@@ -104,6 +104,8 @@ def train_causal(
         typer.echo(f"stage {stage}: {timings[stage] / 60:.1f} min")
     (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     if ship:
+        if preset.weights is None:
+            raise ValueError(f"{preset.name!r} names no weights folder to ship into")
         out = ASSETS / preset.weights
         out.mkdir(parents=True, exist_ok=True)
         for attention in ("dense", "sparse"):

@@ -6,6 +6,8 @@ so the numbers match the usual 8-bit conventions (PSNR of 8-bit rounding is ~59 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 from vidax.metrics.objects import as_unit_video
@@ -18,6 +20,10 @@ def _pair(a, b) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+@overload
+def psnr(a, b, *, per_frame: Literal[False] = False) -> float: ...
+@overload
+def psnr(a, b, *, per_frame: Literal[True]) -> np.ndarray: ...
 def psnr(a, b, *, per_frame: bool = False) -> float | np.ndarray:
     """Peak signal-to-noise ratio in dB, data range 1 on the [0, 1] scale.
 
@@ -56,6 +62,10 @@ def _filter(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     return out
 
 
+@overload
+def ssim(a, b, *, per_frame: Literal[False] = False, sigma: float = 1.5) -> float: ...
+@overload
+def ssim(a, b, *, per_frame: Literal[True], sigma: float = 1.5) -> np.ndarray: ...
 def ssim(a, b, *, per_frame: bool = False, sigma: float = 1.5) -> float | np.ndarray:
     """Structural similarity (Wang et al. 2004) with an 11-tap gaussian window (sigma 1.5).
 

@@ -103,10 +103,9 @@ def _components(labels: np.ndarray) -> np.ndarray:
     while True:
         new = root.copy()
         for axis in (1, 2):
-            a = [slice(None)] * 3
-            b = [slice(None)] * 3
-            a[axis], b[axis] = slice(1, None), slice(None, -1)
-            a, b = tuple(a), tuple(b)
+            lo, hi = [slice(None)] * 3, [slice(None)] * 3
+            lo[axis], hi[axis] = slice(1, None), slice(None, -1)
+            a, b = tuple(lo), tuple(hi)
             same = mask[a] & (labels[a] == labels[b])
             np.minimum(new[a], np.where(same, root[b], sentinel), out=new[a])
             np.minimum(new[b], np.where(same, root[a], sentinel), out=new[b])

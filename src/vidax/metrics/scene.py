@@ -156,14 +156,16 @@ def _direction_score(track: Track, expected: CaptionObject, pan: str, tr: Tracks
     scale = min(tr.height, tr.width)
     centroid = _steady(track)
     found = np.flatnonzero(np.isfinite(centroid[:, 0]))
-    if not len(found):
+    shape = track.majority_shape
+    if not len(found) or shape is None:
         return 0.0
+    assert expected.direction is not None  # scored only for a caption that names one
     start = int(found[0])
     own = np.asarray(DIRECTIONS[expected.direction]) * SPEED[expected.motion or "slow"]
     step = (own - np.asarray(camera_velocity(pan))) * scale
     # +0.3 px: anti-aliased edge pixels below the colour threshold shrink every blob a little.
     radius = np.sqrt(np.median(track.area[track.present]) / np.pi) + 0.3
-    left, right, top, bottom = extent(track.majority_shape, radius)
+    left, right, top, bottom = extent(shape, radius)
     bounds = ((left, tr.width - right), (top, tr.height - bottom))
     c0 = centroid[start]
     n = min(_DIRECTION_FRAMES, tr.num_frames - 1 - start)
@@ -325,8 +327,8 @@ def shapes_read(
     out = []
     for expected in objects:
         track = tr.tracks.get(expected.colour)
-        found = track is not None and track.presence >= 0.5
-        out.append((expected.shape, track.majority_shape if found else None))
+        found = track.majority_shape if track is not None and track.presence >= 0.5 else None
+        out.append((expected.shape, found))
     return out
 
 
@@ -362,6 +364,7 @@ def caption_adherence(
             hits.append(0.0)
             continue
         if check_motion and expected.motion is not None and tr.num_frames > 1:
+            assert track is not None  # its shape was read
             speed = _speed(track, scale)
             speed = speed if np.isfinite(speed) else np.inf
             hits.append(_speed_score(speed, expected.motion, pan))

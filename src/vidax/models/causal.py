@@ -188,7 +188,8 @@ class ForcingConfig:
 
     def layout(self, grid_hw: tuple[int, int]) -> CacheLayout:
         """The cache layout for latent frames of `grid_hw` tokens (validated)."""
-        return CacheLayout(config=self, grid_hw=tuple(grid_hw))
+        h, w = grid_hw
+        return CacheLayout(config=self, grid_hw=(h, w))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,11 @@ class ConfigDtypes:
     """The dtypes of a config dataclass with the string fields `dtype` (compute) and
     `param_dtype` (storage)."""
 
+    # Declared for the type checker; the config dataclass defines them (a non-dataclass base's
+    # annotations are not fields).
+    dtype: str
+    param_dtype: str
+
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
@@ -31,6 +36,10 @@ class ConfigDtypes:
 class PatchedVideoDiT(ConfigDtypes):
     """Derived properties of a DiT config dataclass with the fields `patch_size` (pt, ph, pw),
     `in_channels`, `out_channels`, `dtype` and `param_dtype`."""
+
+    patch_size: tuple[int, int, int]
+    in_channels: int
+    out_channels: int
 
     @property
     def patch_features(self) -> int:

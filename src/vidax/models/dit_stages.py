@@ -35,7 +35,7 @@ class MLPEmbedder(nnx.Module):
         param_dtype,
         rngs: nnx.Rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.linear_1 = Linear(in_dim, dim, axes=(in_axis, "embed"), **kw)
         self.linear_2 = Linear(dim, dim, axes=("embed", None), **kw)
         self.activation = activation

@@ -142,6 +142,26 @@ class ModelSpec:
     def vae_name(self) -> str | None:
         return self.vae if self.vae is None or isinstance(self.vae, str) else self.vae.name
 
+    def vae_preset(self) -> str:
+        """The name of this spec's VAE (what training recipes look presets up by).
+
+        Raises:
+          ValueError: the spec has no VAE.
+        """
+        if self.vae_name is None:
+            raise ValueError(f"model {self.name!r} has no VAE")
+        return self.vae_name
+
+    def weights_folder(self) -> Path:
+        """`vidax/assets/<weights>`, where this preset's shipped weights live.
+
+        Raises:
+          ValueError: the preset ships no weights.
+        """
+        if self.weights is None:
+            raise ValueError(f"model {self.name!r} ships no weights folder")
+        return ASSETS / self.weights
+
     def build(self, *, seed: int = 0, config=None) -> VideoDiT:
         """A randomly initialised transformer (use `loader` for real weights)."""
         return self.module(config or self.config, rngs=nnx.Rngs(seed))
@@ -190,7 +210,7 @@ class ModelSpec:
         mesh=None,
         strategy: str | None = None,
         random_weights: bool = False,
-    ) -> nnx.Module:
+    ) -> VideoDiT:
         """The transformer with its weights: `checkpoint`, else the shipped ones, else (only with
         `random_weights`, warning) random ones (`vidax.models.weights.load_transformer`)."""
         # Function-local: `weights` reads specs (cycle).

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flax import nnx
 from jax.sharding import Mesh
 
 from vidax.checkpoint import Rule, save_model
 from vidax.models.dit_config import load_converted
+from vidax.models.video_vae import VideoVAE
 
 Model = TypeVar("Model", bound=nnx.Module)
+Config = TypeVar("Config")
 
 
 def _conv3d_to_jax(w):
@@ -63,10 +65,10 @@ def conv_rules(source: str, target: str, layout: dict = CONV3D) -> list[Rule]:
 
 def load_vae(
     cls: Callable[..., Model],
-    presets: Mapping[str, object],
-    key_map: Callable[[object], list[Rule]],
+    presets: Mapping[str, Config],
+    key_map: Callable[[Config], list[Rule]],
     path: str | os.PathLike,
-    config,
+    config: Config | str,
     *,
     mesh: Mesh | None = None,
     strategy=None,
@@ -96,8 +98,8 @@ def load_vae(
 
 
 def save_vae(
-    vae: nnx.Module,
-    key_map: Callable[[object], list[Rule]],
+    vae: VideoVAE,
+    key_map: Callable[[Any], list[Rule]],
     path: str | os.PathLike,
     **kwargs,
 ) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
-from vidax.nn.layers import param
+from vidax.nn.layers import last_axis, param
 
 Cache = Any  # a pytree of arrays mirroring the module tree; None before the first chunk
 
@@ -50,11 +50,6 @@ def conv_weights(
     """A conv kernel of `shape` (..., in, out) with torch's default init, and its zero bias."""
     kernel = param(conv_init(rngs.params(), shape, param_dtype), axes)
     return kernel, param(constant(0.0, shape[-1:], param_dtype), ("conv_out",))
-
-
-def last_axis(v: Float[Array, " c"], ndim: int) -> Float[Array, "... c"]:
-    """A per-channel vector shaped to broadcast against a rank-`ndim` channels-last array."""
-    return v.reshape((1,) * (ndim - 1) + (-1,))
 
 
 class ChannelRMSNorm(nnx.Module):

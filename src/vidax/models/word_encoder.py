@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +69,9 @@ class WordEncoderConfig:
 
 class _Layer(nnx.Module):
     def __init__(self, c: WordEncoderConfig, *, rngs: nnx.Rngs):
-        kw = dict(dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype), rngs=rngs)
+        kw: dict[str, Any] = dict(
+            dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype), rngs=rngs
+        )
         self.norm1 = LayerNorm(c.dim, eps=c.eps)
         self.qkv = Linear(c.dim, 3 * c.dim, axes=("embed", "heads"), **kw)
         self.out = Linear(c.dim, c.dim, axes=("heads", "embed"), **kw)
@@ -90,7 +93,9 @@ class WordEncoder(nnx.Module):
 
     def __init__(self, config: WordEncoderConfig, *, rngs: nnx.Rngs):
         c = self.config = config
-        kw = dict(dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype), rngs=rngs)
+        kw: dict[str, Any] = dict(
+            dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype), rngs=rngs
+        )
         self.proj_in = Linear(c.in_dim, c.dim, axes=("text_embed", "embed"), **kw)
         self.layers = nnx.List([_Layer(c, rngs=rngs) for _ in range(c.num_layers)])
         self.norm_out = LayerNorm(c.dim, eps=c.eps)

@@ -221,7 +221,9 @@ def grid_cycle(shape: tuple[int, int]) -> list[tuple[int, int]] | None:
     if a < 2 or b < 2 or (a * b) % 2:
         return None
     if a % 2:  # build on the transpose, whose row count is even
-        return [(r, c) for c, r in grid_cycle((b, a))]
+        transposed = grid_cycle((b, a))
+        assert transposed is not None  # b x a passes the same checks
+        return [(r, c) for c, r in transposed]
     out = [(0, c) for c in range(b)]
     for r in range(1, a):
         cols = range(b - 1, 0, -1) if r % 2 else range(1, b)

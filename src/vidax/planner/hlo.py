@@ -160,7 +160,7 @@ class Instruction:
 
     def called(self) -> list[tuple[str, str]]:
         """(attribute, computation name) for every computation this instruction calls."""
-        out = []
+        out: list[tuple[str, str]] = []
         for key in (
             "calls",
             "to_apply",
@@ -311,7 +311,7 @@ def _parse_instruction(line: str) -> Instruction | None:
         elif re.fullmatch(r"\s*[A-Za-z_][\w.\-]*\s*", part) and opcode not in ("constant",):
             operands.append(part.strip())
     attrs: dict[str, str] = {}
-    last = None
+    last: str | None = None
     for part in _split_top(rest[close:]):
         key, eq, value = part.partition("=")
         if last == "replica_groups" and attrs[last].startswith("mesh") and "{" not in attrs[last]:
@@ -428,13 +428,13 @@ def _expand_mesh_axes(text: str) -> np.ndarray:
         subs = sorted((a for a in axes if a[0] == dim), key=lambda a: a[1])
         prefix = 1
         for a in subs:
-            _, pre, size = a
+            pre, size_a = a[1], a[2]
             if pre != prefix:
                 reshape.append(pre // prefix)
                 prefix = pre
             grouped_index[a] = len(reshape)
-            reshape.append(size)
-            prefix *= size
+            reshape.append(size_a)
+            prefix *= size_a
         if prefix != full or not subs:
             reshape.append(full // prefix)
     grouped = [grouped_index[a] for a in axes]
@@ -743,8 +743,11 @@ class _Walker:
     # -- collectives --
     def _collective(self, comp, inst, count, known, is_async: bool = False) -> Collective:
         kind = _base_kind(inst.opcode)
+        if kind is None:
+            raise ValueError(f"{inst.opcode} {inst.name} is not a collective")
         n = self.module.num_devices
-        groups = pairs = ()
+        groups: tuple[tuple[int, ...], ...] = ()
+        pairs: tuple[tuple[int, int], ...] = ()
         if kind == "collective-permute":
             pairs = parse_pairs(inst.attrs.get("source_target_pairs", "{}"))
         else:

@@ -163,7 +163,7 @@ def _traversal(shape: tuple[int, ...], kind: str, major: tuple[int, ...]) -> np.
     elif kind == "cycle":
         if len(shape) != 2:
             return None
-        cyc = grid_cycle(ordered)
+        cyc = grid_cycle((ordered[0], ordered[1]))
         if cyc is None:
             return None
         digits = np.array(cyc)
@@ -202,6 +202,7 @@ def _canonical(topology: Topology, perm: np.ndarray, symmetries) -> tuple[int, .
         key = tuple((c * strides).sum(axis=1).tolist())
         if best is None or key < best:
             best = key
+    assert best is not None  # the identity (no permutation, no flip) is always a symmetry
     return best
 
 
@@ -282,7 +283,7 @@ def enumerate_placements(
                     shape[i] = mesh_shape[i]
                     coords = coords + contrib.reshape(shape)
                 flat = coords.reshape(-1, len(dims))
-                perm = tuple(int(topology.index(c)) for c in flat)
+                perm = tuple(int(topology.index(c.tolist())) for c in flat)
                 label = " ".join(
                     f"{names[i]}={_label(fmat[i], stride[i], desc)}"
                     for i, (_, desc) in enumerate(walks)

@@ -385,17 +385,18 @@ def plan(
     t1 = time.perf_counter()
     say(f"{stage1.summary()} ({t1 - t0:.1f} s)")
 
-    compiled, failures = [], []
+    compiled: list[Compiled] = []
+    failures = []
     for est in stage1.survivors:
         try:
-            c = compile_candidate(workload, est.candidate, topo, est, cache_dir=cache_dir)
+            done = compile_candidate(workload, est.candidate, topo, est, cache_dir=cache_dir)
         except ValueError as e:
             failures.append((est.candidate, str(e)))
             say(f"  {est.candidate.name}: {e}")
             continue
-        compiled.append(c)
-        how = "from the cache" if c.cached else "compiled"
-        say(f"  {how} {est.candidate.name} in {c.seconds:.1f} s, {c.memory / GiB:.2f} GiB")
+        compiled.append(done)
+        how = "from the cache" if done.cached else "compiled"
+        say(f"  {how} {est.candidate.name} in {done.seconds:.1f} s, {done.memory / GiB:.2f} GiB")
     t2 = time.perf_counter()
     if not compiled:
         raise ValueError(
@@ -404,10 +405,10 @@ def plan(
         )
 
     rows, scored = [], 0
-    for c in compiled:
-        ranked, default = rank_compiled(c, topo, limit=placement_limit, ring=ring)
+    for done in compiled:
+        ranked, default = rank_compiled(done, topo, limit=placement_limit, ring=ring)
         scored += len(ranked)
-        rows.append(Row(compiled=c, score=ranked[0], default=default))
+        rows.append(Row(compiled=done, score=ranked[0], default=default))
     rows.sort(key=lambda r: r.score.total)
     t3 = time.perf_counter()
     say(f"stage 3: {scored} placements scored ({t3 - t2:.1f} s)")

@@ -85,6 +85,12 @@ def wrap_around(chip: Chip, dims: Sequence[int]) -> tuple[bool, ...]:
     return tuple(full_cubes and d > 1 for d in dims)
 
 
+def _xyz(coord) -> tuple[int, int, int]:
+    """A chip coordinate of 1-3 dims as (x, y, z), missing dims 0."""
+    x, y, z = (*(int(c) for c in coord), 0, 0, 0)[:3]
+    return x, y, z
+
+
 @dataclasses.dataclass(frozen=True)
 class _SyntheticDevice:
     """Stands in for a compile-only device where libtpu is absent (planning without it).
@@ -128,7 +134,7 @@ class Topology:
             devices = [
                 _SyntheticDevice(
                     id=i,
-                    coords=tuple(int(c) for c in self.coords[i]) + (0,) * (3 - self.ndim),
+                    coords=_xyz(self.coords[i]),
                     device_kind=chip.device_kind,
                 )
                 for i in range(n)
@@ -241,7 +247,9 @@ class Topology:
                 step, count = -step, self.dims[dim] - count
             for _ in range(count):
                 path.append(self.link_id(cur, dim, step))
-                cur = self.neighbor(cur, dim, step)
+                nxt = self.neighbor(cur, dim, step)
+                assert nxt is not None  # `_steps` walks only along links
+                cur = nxt
         assert cur == dst
         return tuple(path)
 

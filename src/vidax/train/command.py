@@ -237,7 +237,7 @@ def export(
     """Copy the trained VAE and DiT weights into one folder (or, asked, into the package)."""
     import shutil
 
-    from vidax.models.registry import ASSETS, get
+    from vidax.models.registry import get
     from vidax.models.wan_vae import PRESETS
     from vidax.train.dit import TRANSFORMER_FILE
     from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, load_stats
@@ -245,13 +245,13 @@ def export(
     spec = get("tiny")
     if into_package and out is not None:
         raise ValueError("give --out or --into-package, not both")
-    out = ASSETS / spec.weights if into_package else (out or Path("runs/export"))
+    out = spec.weights_folder() if into_package else (out or Path("runs/export"))
     sources = [vae_run / WEIGHTS_FILE, vae_run / STATS_FILE, dit_run / TRANSFORMER_FILE]
     for path in sources:
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: train both stages first")
     mean, std = load_stats(vae_run / STATS_FILE)
-    preset = PRESETS[spec.vae]
+    preset = PRESETS[spec.vae_preset()]
     if (preset.latents_mean, preset.latents_std) != (mean, std):
         typer.echo(
             f"warning: PRESETS[{spec.vae!r}] latent statistics differ from {vae_run / STATS_FILE}"

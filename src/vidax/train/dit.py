@@ -39,7 +39,7 @@ from vidax.checkpoint import save_model, write_atomic
 from vidax.data import LoaderConfig, caption, clip_at
 from vidax.models import wan_vae
 from vidax.models.registry import ModelSpec, get
-from vidax.models.wan import key_map
+from vidax.models.wan import WanTransformer, key_map
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.train.flow import SigmaSampler, velocity_error, weighted_mean
 from vidax.train.loop import check_curriculum, train_module
@@ -234,7 +234,7 @@ def build_cache(
         write_atomic(out, save)
 
 
-def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> np.ndarray:
+def latent_object_mask(video: np.ndarray, temporal: int, spatial: int) -> jax.Array:
     """Which latents of a causal video VAE see an object pixel.
 
     Latent frame 0 encodes frame 0 and latent frame j >= 1 frames (j - 1) * temporal + 1 ..
@@ -351,7 +351,7 @@ def self_attention(
 
 
 def forward(
-    model: nnx.Module,
+    model: WanTransformer,
     x: Float[Array, "b t h w c"],
     timestep: Float[Array, " b"],
     context: Float[Array, "b s e"],
@@ -364,7 +364,7 @@ def forward(
 
 
 def dit_loss(
-    model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array, config: DiTStageConfig
+    model: WanTransformer, batch: dict[str, jax.Array], key: jax.Array, config: DiTStageConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Flow-matching loss with caption dropout and object weighting.
 
@@ -392,7 +392,7 @@ def dit_loss(
     }
 
 
-def build_model(config: DiTStageConfig) -> nnx.Module:
+def build_model(config: DiTStageConfig) -> WanTransformer:
     """The DiT a run starts from: `config.init`'s weights, else DiT's adaLN-Zero start.
 
     adaLN-Zero: the timestep-to-modulation projection and the output projection start at
@@ -403,10 +403,13 @@ def build_model(config: DiTStageConfig) -> nnx.Module:
     spec = config.spec
     if config.init is not None:
         return spec.loader(config.init, spec.config)
-    return adaln_zero(spec.build(seed=config.seed))
+    model = spec.build(seed=config.seed)
+    if not isinstance(model, WanTransformer):
+        raise ValueError(f"the DiT stage trains Wan transformers, not {spec.family!r} ones")
+    return adaln_zero(model)
 
 
-def adaln_zero(model: nnx.Module) -> nnx.Module:
+def adaln_zero(model: WanTransformer) -> WanTransformer:
     """Zeroes a `WanTransformer`'s modulation and output projections in place (see
     `build_model`); returns it."""
     for layer in (model.time_proj, model.proj_out):
@@ -428,7 +431,7 @@ def train_dit(
     """
     spec = config.spec
     run_dir = Path(run_dir)
-    vae = load_trained_vae(vae_run, spec.vae)
+    vae = load_trained_vae(vae_run, spec.vae_preset())
     if vae.config.z_dim != spec.config.in_channels:
         raise ValueError(
             f"the VAE has {vae.config.z_dim} latent channels but {config.model!r} takes "

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -308,10 +308,13 @@ def _progress(console, description: str, total: int, start: int):
     return progress
 
 
+M = TypeVar("M", bound=nnx.Module)
+
+
 def train_module(
     run_dir: str | os.PathLike,
-    module: nnx.Module,
-    loss: Callable[[nnx.Module, dict[str, Any], jax.Array], tuple[jax.Array, dict]],
+    module: M,
+    loss: Callable[[M, dict[str, Any], jax.Array], tuple[jax.Array, dict]],
     batches: Batches,
     stage: Any,
     *,
@@ -319,7 +322,7 @@ def train_module(
     mesh: Mesh | None,
     meta: dict[str, Any],
     description: str,
-) -> nnx.Module:
+) -> M:
     """Trains (or resumes) the parameters of `module` with `run`; returns the EMA model.
 
     Args:
@@ -330,7 +333,7 @@ def train_module(
             fields.
         to_arrays, mesh, meta, description: see `run`.
     """
-    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     optim = dataclasses.replace(stage.optim, decay_steps=max(stage.steps - stage.optim.warmup, 1))
     optimizer = make_optimizer(optim)
 

@@ -334,7 +334,7 @@ def lr_at(step: int, total: int, settings: StageSettings) -> float:
     return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def compile_buckets(step_fns: Sequence[Callable], state, frozen, log) -> list[Callable]:
+def compile_buckets(step_fns: Sequence[jax.stages.Wrapped], state, frozen, log) -> list[Callable]:
     """Lowers every bucket's step (`train_update`: `(state, frozen, key, lr)`) in turn, then
     compiles them in parallel threads (XLA compiles outside the GIL): compile time is the
     longest program's, not the sum."""
@@ -458,13 +458,13 @@ def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
 def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_vae.WanVAE, dict]:
     """Stage 1; returns the EMA VAE with its measured latent statistics, and a summary."""
     spec = profile.spec
-    stage_config = VAEStageConfig(vae=spec.vae, crop=0, seed=profile.seed)
+    stage_config = VAEStageConfig(vae=spec.vae_preset(), crop=0, seed=profile.seed)
     if profile.vae_init is not None:
         vae = wan_vae.load(profile.vae_init, stage_config.model_config)
         log(f"vae: fine-tuning {profile.vae_init}")
     else:
         vae = build_vae(stage_config)
-    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     settings = profile.vae
     optimizer = _optimizer(settings)
 
@@ -508,7 +508,7 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
     (out / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
     log(f"vae: latent stats {stats}")
     config = dataclasses.replace(
-        wan_vae.PRESETS[spec.vae],
+        wan_vae.PRESETS[spec.vae_preset()],
         latents_mean=tuple(stats["mean"]),
         latents_std=tuple(stats["std"]),
     )
@@ -550,8 +550,8 @@ def train_dit_stage(
     rngs = nnx.Rngs(profile.seed)
     dit = adaln_zero(WanTransformer(dit_config, rngs=rngs))
     text = WordEncoder(text_config, rngs=rngs)
-    dit_graph, dit_params, dit_rest = nnx.split(dit, nnx.Param, ...)
-    text_graph, text_params, text_rest = nnx.split(text, nnx.Param, ...)
+    dit_graph, dit_params, dit_rest = nnx.split(dit, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
+    text_graph, text_params, text_rest = nnx.split(text, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     # Encode in the compute dtype (bf16 convolutions run on the tensor cores; the latents'
     # ~0.4% rounding is far below the VAE's own round-trip error); parameters stay float32.
     # 3D convolutions are sums of 2D ones on a CPU (`resolve_conv_impl`), native elsewhere.
@@ -701,7 +701,7 @@ def train_all(
     }
     deadline = None if profile.total_seconds is None else started + profile.total_seconds
     if vae_from is not None:
-        vae = load_recipe_vae(vae_from, profile.spec.vae)
+        vae = load_recipe_vae(vae_from, profile.spec.vae_preset())
         summary["vae"] = {"from": str(vae_from)}
         for name in (VAE_FILE, STATS_FILE):  # `out` stays one self-contained weights folder
             if Path(vae_from).resolve() != out.resolve():
@@ -709,10 +709,12 @@ def train_all(
         log(f"vae: using {vae_from}")
     else:
         # Trace stage 2 with a stand-in VAE first: its errors surface before stage 1 runs.
-        stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae], rngs=nnx.Rngs(0))
+        stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae_preset()], rngs=nnx.Rngs(0))
         train_dit_stage(profile, stand_in, out, log, write_log, check_only=True)
         vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
-    _, _, summary["dit"] = train_dit_stage(profile, vae, out, log, write_log, deadline=deadline)
+    trained = train_dit_stage(profile, vae, out, log, write_log, deadline=deadline)
+    assert trained is not None  # None only for check_only
+    summary["dit"] = trained[2]
     summary["seconds"] = round(time.perf_counter() - started, 1)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
     log(f"done in {summary['seconds']}s: wrote {out}")

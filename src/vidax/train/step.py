@@ -28,7 +28,10 @@ LossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def init_state(
-    params: nnx.State, optimizer: optax.GradientTransformation, *, ema: bool = True
+    params: nnx.State | dict[str, nnx.State],
+    optimizer: optax.GradientTransformation,
+    *,
+    ema: bool = True,
 ) -> dict[str, Any]:
     """A fresh train state {"params", "opt", "ema", "step"}; the EMA starts at the params.
 

@@ -356,10 +356,10 @@ def latent_stats(
     for i, start in enumerate(range(0, clips, batch)):
         mu = encode(vae, jnp.asarray(draw(i, min(batch, clips - start))))
         mus.append(np.asarray(mu, np.float64).reshape(-1, mu.shape[-1]))
-    mu = np.concatenate(mus)
+    means = np.concatenate(mus)
     return {
-        "mean": [round(float(v), 4) for v in mu.mean(0)],
-        "std": [round(float(v), 4) for v in mu.std(0)],
+        "mean": [round(float(v), 4) for v in means.mean(0)],
+        "std": [round(float(v), 4) for v in means.std(0)],
     }
 
 

@@ -434,6 +434,7 @@ def _pbsa_tpu_kernel(
             lim = jnp.where(e < cnt, len_ref[0, idx_ref[0, entry(step, u)]], 0)
             ok = (col >= u * block_size) & (col < u * block_size + lim)
             valid = ok if valid is None else valid | ok
+        assert valid is not None  # steps >= 1
         s = jnp.where(valid, s, -jnp.inf)
         m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
         # Rows with nothing valid yet keep m = -inf; shift them by 0 so exp() gives 0, not NaN.

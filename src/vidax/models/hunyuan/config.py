@@ -45,6 +45,11 @@ class HunyuanDiTConfigBase(PatchedVideoDiT):
     """Derived sizes shared by the HunyuanVideo 1 and 1.5 configs (dataclasses with the fields
     num_heads, head_dim, mlp_ratio, refiner_mlp_ratio, in/out_channels, patch_size, dtypes)."""
 
+    num_heads: int
+    head_dim: int
+    mlp_ratio: float
+    refiner_mlp_ratio: float
+
     @property
     def dim(self) -> int:
         return self.num_heads * self.head_dim

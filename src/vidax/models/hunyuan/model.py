@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -121,8 +122,20 @@ class DualAttention(nnx.Module):
     """Projections of the dual-stream joint attention: video (to_*) and text (add_*) weights,
     per-head RMSNorm on q and k of both streams."""
 
+    # Set in a loop in __init__ (checkpoint order fixes the random initialisation).
+    to_q: Linear
+    to_k: Linear
+    to_v: Linear
+    add_q_proj: Linear
+    add_k_proj: Linear
+    add_v_proj: Linear
+    norm_q: RMSNorm
+    norm_k: RMSNorm
+    norm_added_q: RMSNorm
+    norm_added_k: RMSNorm
+
     def __init__(self, dim: int, num_heads: int, *, eps: float, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         head_dim = dim // num_heads
         for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
             setattr(self, name, Linear(dim, dim, axes=("embed", "heads"), **kw))
@@ -232,6 +245,11 @@ class SingleStreamBlock(_Block):
     """One weight set over the concatenated [video; text] tokens: adaLN-zero, then attention and
     a GELU-tanh MLP in parallel whose outputs share one output projection."""
 
+    # Set in a loop in _layers (checkpoint order fixes the random initialisation).
+    to_q: Linear
+    to_k: Linear
+    to_v: Linear
+
     def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
         param_dtype = kw["param_dtype"]
         f32 = {**kw, "dtype": jnp.float32}  # modulation is computed in float32
@@ -269,6 +287,11 @@ class SingleStreamBlock(_Block):
 
 class RefinerBlock(_Block):
     """Token refiner block: x += g1 * Attn(LN x); x += g2 * FFN_silu(LN x), gates from temb."""
+
+    # Set in a loop in _layers (checkpoint order fixes the random initialisation).
+    to_q: Linear
+    to_k: Linear
+    to_v: Linear
 
     def _layers(self, dim: int, num_heads: int, mlp_dim: int, eps: float, kw: dict) -> None:
         param_dtype = kw["param_dtype"]
@@ -315,7 +338,7 @@ class TokenRefiner(nnx.Module):
         param_dtype,
         rngs: nnx.Rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         f32 = {**kw, "dtype": jnp.float32}
         self.time_embedder = MLPEmbedder(freq_dim, dim, in_axis="freq", **f32)
         self.pooled_embedder = MLPEmbedder(text_dim, dim, in_axis="text_embed", **f32)
@@ -370,7 +393,7 @@ class DualStreamDiT(VideoDiT):
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         c = self.config = config
-        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.x_embedder = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
         self.double_blocks = self._blocks(DualStreamBlock, c.num_layers, rngs)
         # Output head: AdaLayerNormContinuous, whose modulation chunks are (scale, shift).
@@ -470,7 +493,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
     def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         c = config
-        f32 = dict(dtype=jnp.float32, param_dtype=c.storage_dtype, rngs=rngs)
+        f32: dict[str, Any] = dict(dtype=jnp.float32, param_dtype=c.storage_dtype, rngs=rngs)
         self.time_embedder = MLPEmbedder(c.freq_dim, c.dim, in_axis="freq", **f32)
         self.guidance_embedder = (
             MLPEmbedder(c.freq_dim, c.dim, in_axis="freq", **f32) if c.guidance_embeds else None
@@ -514,6 +537,7 @@ class HunyuanVideoTransformer(DualStreamDiT):
         if guidance is not None:
             if guidance.shape != (b,):
                 raise ValueError(f"guidance must be ({b},), got {guidance.shape}")
+            assert self.guidance_embedder is not None  # guidance given iff guidance_embeds
             temb = temb + self.guidance_embedder(timestep_embedding(guidance, c.freq_dim))
         mask = jnp.asarray(text_mask).astype(bool)
         # HunyuanVideo's refiner lets every token attend to the first text token, padded or

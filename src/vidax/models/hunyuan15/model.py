@@ -16,6 +16,8 @@ skipped here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -45,7 +47,7 @@ class ByT5Projection(nnx.Module):
     """LayerNorm -> Linear -> GELU -> Linear -> GELU -> Linear: ByT5 glyph embeddings to width d."""
 
     def __init__(self, in_dim: int, hidden: int, dim: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm = LayerNorm(in_dim, eps=_PROJECTION_EPS, param_dtype=param_dtype)
         self.linear_1 = Linear(in_dim, hidden, axes=("text_embed", "mlp"), **kw)
         self.linear_2 = Linear(hidden, hidden, axes=("mlp", None), **kw)
@@ -60,7 +62,7 @@ class ImageProjection(nnx.Module):
     """LayerNorm -> Linear -> GELU -> Linear -> LayerNorm: SigLIP image tokens to width d."""
 
     def __init__(self, in_dim: int, dim: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm_in = LayerNorm(in_dim, eps=_PROJECTION_EPS, param_dtype=param_dtype)
         self.linear_1 = Linear(in_dim, in_dim, axes=("text_embed", None), **kw)
         self.linear_2 = Linear(in_dim, dim, axes=(None, "embed"), **kw)
@@ -81,7 +83,7 @@ class HunyuanVideo15Transformer(DualStreamDiT):
     def __init__(self, config: HunyuanVideo15Config, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         c = config
-        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         f32 = {**kw, "dtype": jnp.float32}
         self.time_embedder = MLPEmbedder(c.freq_dim, c.dim, in_axis="freq", **f32)
         self.time_embedder_r = (
@@ -147,7 +149,7 @@ class HunyuanVideo15Transformer(DualStreamDiT):
                 raise ValueError(f"byt5_mask must be {byt5.shape[:2]}, got {byt5_mask.shape}")
 
         temb = self.time_embedder(timestep_embedding(timestep, c.freq_dim))
-        if timestep_r is not None:
+        if timestep_r is not None and self.time_embedder_r is not None:  # both or an error above
             temb = temb + self.time_embedder_r(timestep_embedding(timestep_r, c.freq_dim))
         mask = jnp.asarray(text_mask).astype(bool)
         tokens, masks = [], []

@@ -108,7 +108,8 @@ class HunyuanVideo15VAEConfig:
     @property
     def encoder_layout(self) -> tuple[Stage, ...]:
         """Per down stage (diffusers' rule): (in, out, (downsampled channels, time) or None)."""
-        c, stages, width = self.block_out_channels, [], self.block_out_channels[0]
+        c, width = self.block_out_channels, self.block_out_channels[0]
+        stages: list[Stage] = []
         spatial = int(math.log2(self.spatial_factor))
         first_temporal = int(math.log2(self.spatial_factor // self.temporal_factor))
         for i, out in enumerate(c):
@@ -124,7 +125,8 @@ class HunyuanVideo15VAEConfig:
     @property
     def decoder_layout(self) -> tuple[Stage, ...]:
         """Per up stage (diffusers' rule): (in, out, (upsampled channels, time) or None)."""
-        c, stages = self.block_out_channels[::-1], []
+        c = self.block_out_channels[::-1]
+        stages: list[Stage] = []
         width = c[0]
         spatial, temporal = math.log2(self.spatial_factor), math.log2(self.temporal_factor)
         for i, out in enumerate(c):

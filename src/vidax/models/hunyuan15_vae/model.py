@@ -78,7 +78,7 @@ class ResnetBlock(nnx.Module):
     """conv2(silu(norm2(conv1(silu(norm1 x))))) + shortcut(x); RMS norms, causal convs."""
 
     def __init__(self, in_dim: int, out_dim: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm1 = ChannelRMSNorm(in_dim, param_dtype=param_dtype)
         self.conv1 = CausalConv3d(in_dim, out_dim, **kw)
         self.norm2 = ChannelRMSNorm(out_dim, param_dtype=param_dtype)
@@ -97,7 +97,7 @@ class AttentionBlock(nnx.Module):
     """x + proj_out(attn(norm x)): one head as wide as the channels, frame-causal, whole clip."""
 
     def __init__(self, dim: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm = ChannelRMSNorm(dim, param_dtype=param_dtype)
         self.to_q = CausalConv3d(dim, dim, 1, **kw)
         self.to_k = CausalConv3d(dim, dim, 1, **kw)
@@ -116,7 +116,7 @@ class MidBlock(nnx.Module):
     """Residual block, attention, residual block, on a whole (latent-resolution) clip."""
 
     def __init__(self, dim: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.resnets = nnx.List([ResnetBlock(dim, dim, **kw) for _ in range(2)])
         self.attentions = nnx.List([AttentionBlock(dim, **kw)])
 
@@ -211,7 +211,7 @@ class Stage(nnx.Module):
         param_dtype,
         rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.resnets = nnx.List(
             [ResnetBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
         )

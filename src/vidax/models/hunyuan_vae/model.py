@@ -12,6 +12,7 @@ decoder once per distinct tile shape (at most a handful) and holds one tile's ac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -139,7 +140,7 @@ class ResnetBlock(nnx.Module):
     """conv2(silu(norm2(conv1(silu(norm1 x))))) + shortcut(x); causal 3x3x3 convs."""
 
     def __init__(self, in_dim: int, out_dim: int, groups: int, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm1 = GroupNorm(in_dim, groups, param_dtype=param_dtype)
         self.conv1 = CausalConv3d(in_dim, out_dim, **kw)
         self.norm2 = GroupNorm(out_dim, groups, param_dtype=param_dtype)
@@ -178,7 +179,9 @@ class AttentionBlock(nnx.Module):
     """x + to_out(attn(norm x)): one head as wide as the channels, frame-causal."""
 
     def __init__(self, dim: int, groups: int, *, dtype, param_dtype, rngs):
-        kw = dict(axes=("conv_in", "conv_out"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(
+            axes=("conv_in", "conv_out"), dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
         self.group_norm = GroupNorm(dim, groups, param_dtype=param_dtype)
         self.to_q = Linear(dim, dim, kernel_init=conv_init, **kw)
         self.to_k = Linear(dim, dim, kernel_init=conv_init, **kw)
@@ -196,7 +199,7 @@ class MidBlock(nnx.Module):
     """Residual block, optional attention, residual block at the lowest resolution."""
 
     def __init__(self, dim: int, groups: int, attend: bool, *, dtype, param_dtype, rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.resnets = nnx.List([ResnetBlock(dim, dim, groups, **kw) for _ in range(2)])
         self.attentions = nnx.List([AttentionBlock(dim, groups, **kw)] if attend else [])
 
@@ -255,7 +258,7 @@ class Stage(nnx.Module):
         param_dtype,
         rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.resnets = nnx.List(
             [ResnetBlock(in_dim if j == 0 else out_dim, out_dim, groups, **kw) for j in range(num)]
         )
@@ -415,9 +418,10 @@ def tiled_frames(
     """
     t = x.shape[1]
     windows = [((i,), (min(tile, t - i),)) for i in range(0, t, stride) if i == 0 or t - i > 1]
-    pieces, prev = [], None
+    pieces: list[Array] = []
+    prev: Array | None = None
     for n, y in enumerate(map_windows(fn, x, windows, axes=(1,))):
-        if n:
+        if prev is not None:  # every window but the first
             y = cross_fade(prev, y[:, 1:], blend, axis=1)
         pieces.append(y[:, : keep + (n == 0)])
         prev = y

@@ -12,6 +12,7 @@ T5-family details that differ from a textbook transformer, all matched to `trans
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,7 @@ class UMT5Attention(nnx.Module):
         rngs: nnx.Rngs,
     ):
         inner = num_heads * d_kv
-        kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         # T5's initialisation: the missing 1/sqrt(k) logit scale lives in the q init.
         init_q = nnx.initializers.normal((d_model * d_kv) ** -0.5)
         self.q = Linear(d_model, inner, axes=("embed", "heads"), kernel_init=init_q, **kw)
@@ -135,7 +136,7 @@ class UMT5FeedForward(nnx.Module):
     def __init__(
         self, d_model: int, d_ff: int, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
     ):
-        kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.wi_0 = Linear(d_model, d_ff, axes=("embed", "mlp"), **kw)
         self.wi_1 = Linear(d_model, d_ff, axes=("embed", "mlp"), **kw)
         self.wo = Linear(d_ff, d_model, axes=("mlp", "embed"), **kw)
@@ -150,7 +151,7 @@ class UMT5Block(nnx.Module):
 
     def __init__(self, config: UMT5Config, *, rngs: nnx.Rngs):
         c = config
-        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.attention_norm = RMSNorm(c.d_model, eps=c.eps, param_dtype=c.storage_dtype)
         self.attention = UMT5Attention(
             c.d_model, c.num_heads, c.d_kv, c.relative_attention_num_buckets, **kw

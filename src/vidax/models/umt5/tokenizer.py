@@ -40,6 +40,7 @@ class Tokenizer:
         self, path: str | os.PathLike, *, eos_token: str = "</s>", pad_token: str = "<pad>"
     ):
         self.path = _resolve(Path(path))
+        self._backend: _TokenizersBackend | _SentencePieceBackend
         if self.path.suffix == ".json":
             self._backend = _TokenizersBackend(self.path)
         else:

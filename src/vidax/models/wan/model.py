@@ -61,7 +61,7 @@ class WanAttention(nnx.Module):
     """Multi-head attention with RMSNorm over the full width on q and k (Wan's qk-norm)."""
 
     def __init__(self, dim: int, num_heads: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.to_q = Linear(dim, dim, axes=("embed", "heads"), **kw)
         self.to_k = Linear(dim, dim, axes=("embed", "heads"), **kw)
         self.to_v = Linear(dim, dim, axes=("embed", "heads"), **kw)
@@ -103,7 +103,7 @@ class WanBlock(nnx.Module):
 
     def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
         c = config
-        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.attn1 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
         self.attn2 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
         self.norm2 = (
@@ -140,7 +140,8 @@ class WanBlock(nnx.Module):
         `aux` is whatever the core returned beside its output, e.g. the keys and values a KV
         cache attention saw, which its caller writes into the cache.
         """
-        m = self.scale_shift_table[...].astype(jnp.float32) + cond.mod  # (b, 1|l, 6, d)
+        table = self.scale_shift_table[...].astype(jnp.float32)[None, None]  # (1, 1, 6, d)
+        m = table + cond.mod  # (b, 1|l, 6, d)
         shift, scale, gate, c_shift, c_scale, c_gate = (m[:, :, i] for i in range(6))
         dtype = x.dtype
 
@@ -170,7 +171,7 @@ class WanTransformer(VideoDiT):
 
     def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
         c = self.config = config
-        kw = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.patch_embedding = Linear(c.patch_features, c.dim, axes=("patch", "embed"), **kw)
         f32 = {**kw, "dtype": jnp.float32}
         self.time_embedder = MLPEmbedder(c.freq_dim, c.dim, in_axis="freq", **f32)

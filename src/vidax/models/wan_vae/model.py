@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +103,7 @@ class CausalConv3d(nnx.Module):
         stride = self.stride_t
         t_out = (x.shape[1] - kt) // stride + 1
         span = stride * (t_out - 1) + 1
-        y = None
+        y: jax.Array | None = None
         for d in range(kt):
             xs = x[:, d : d + span : stride]
             if (kh, kw) == (1, 1):
@@ -118,7 +119,8 @@ class CausalConv3d(nnx.Module):
                 )
                 part = part.reshape(xs.shape[0], t_out, *part.shape[1:])
             y = part if y is None else y + part
-        return y + self.bias[...].astype(self.dtype)
+        assert y is not None  # kt >= 1 taps
+        return y + last_axis(self.bias[...].astype(self.dtype), y.ndim)
 
     def __call__(
         self, x: Float[Array, "b t h w c"], cache: Float[Array, "b m h w c"] | None = None
@@ -187,7 +189,9 @@ class ResidualBlock(nnx.Module):
     def __init__(
         self, in_dim: int, out_dim: int, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs)
+        kw: dict[str, Any] = dict(
+            dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs
+        )
         self.norm1 = ChannelRMSNorm(in_dim, param_dtype=param_dtype)
         self.conv1 = CausalConv3d(in_dim, out_dim, **kw)
         self.norm2 = ChannelRMSNorm(out_dim, param_dtype=param_dtype)
@@ -208,7 +212,7 @@ class AttentionBlock(nnx.Module):
     """Single-head self-attention over the h*w positions of each frame, plus the residual."""
 
     def __init__(self, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm = ChannelRMSNorm(dim, param_dtype=param_dtype)
         self.to_qkv = Conv2d(dim, 3 * dim, 1, **kw)
         self.proj = Conv2d(dim, dim, 1, **kw)
@@ -232,11 +236,12 @@ class Resample(nnx.Module):
     """
 
     MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+    time_conv: CausalConv3d | None
 
     def __init__(self, dim: int, mode: str, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs):
         if mode not in self.MODES:
             raise ValueError(f"unknown resample mode {mode!r}; choose from {self.MODES}")
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.mode = mode
         if mode.startswith("up"):
             self.conv = Conv2d(dim, dim // 2, 3, padding=((1, 1), (1, 1)), **kw)
@@ -255,6 +260,7 @@ class Resample(nnx.Module):
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
         if self.mode == "upsample3d":
+            assert self.time_conv is not None  # built for the 3d modes
             if cache is None:
                 # First chunk: its single frame stays single, and the time conv of the next
                 # chunk sees zeros rather than this frame (diffusers' "Rep").
@@ -268,6 +274,7 @@ class Resample(nnx.Module):
             x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)
         x = self.conv(x)
         if self.mode == "downsample3d":
+            assert self.time_conv is not None  # built for the 3d modes
             last = x[:, -1:]
             if cache is not None:
                 # Valid stride-2 conv over [last frame of the previous chunk, this chunk]; the
@@ -281,8 +288,8 @@ class MidBlock(nnx.Module):
     """Residual block, attention, residual block at the lowest resolution."""
 
     def __init__(self, dim: int, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        res = dict(kw, conv_impl=conv_impl)
+        kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        res: dict[str, Any] = dict(kw, conv_impl=conv_impl)
         self.resnets = nnx.List([ResidualBlock(dim, dim, **res), ResidualBlock(dim, dim, **res)])
         self.attentions = nnx.List([AttentionBlock(dim, **kw)])
 
@@ -343,14 +350,15 @@ class Encoder(nnx.Module):
         kw = {k: v for k, v in conv.items() if k != "conv_impl"}
         dims = config.encoder_dims
         self.conv_in = CausalConv3d(config.in_channels, dims[0], **conv)
-        layers = []
+        layers: list[nnx.Module] = []
         for kind, *sizes in encoder_layout(config):
             if kind == "res":
                 layers.append(ResidualBlock(*sizes, **conv))
             elif kind == "attn":
                 layers.append(AttentionBlock(*sizes, **kw))
             else:
-                layers.append(Resample(*sizes, kind, **conv))
+                (dim,) = sizes
+                layers.append(Resample(dim, kind, **conv))
         self.down_blocks = nnx.List(layers)
         self.mid_block = MidBlock(dims[-1], **conv)
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
@@ -380,7 +388,9 @@ class UpBlock(nnx.Module):
         conv_impl: str,
         rngs,
     ):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs)
+        kw: dict[str, Any] = dict(
+            dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs
+        )
         self.resnets = nnx.List(
             [ResidualBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
         )
