@@ -114,24 +114,9 @@ class _Progress:
     """
 
     def __init__(self, total: int, description: str):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+        from vidax.progress import step_bar
 
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            transient=False,
-            console=_stderr(),
-        )
+        self.progress = step_bar(_stderr())
         self.task = self.progress.add_task(description, total=total)
         self.started = False
 

@@ -30,6 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax.data import batch_sharding
+from vidax.progress import step_bar
 from vidax.train.checkpointing import Checkpointer
 from vidax.train.optim import make_optimizer
 from vidax.train.step import init_state, train_update
@@ -284,24 +285,10 @@ class _Log:
 
 
 def _progress(console, description: str, total: int, start: int):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}"),
-        TextColumn("{task.fields[rate]:.2f} steps/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
+    progress = step_bar(
+        console,
+        "loss {task.fields[loss]:.4f}",
+        "{task.fields[rate]:.2f} steps/s",
         disable=not console.is_terminal,
     )
     progress.add_task(description, total=total, completed=start, loss=math.nan, rate=math.nan)
