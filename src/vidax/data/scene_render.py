@@ -364,8 +364,8 @@ def _background(scenes: Scenes, num_frames: int, height: int, width: int) -> jax
         cols = (low[1] + jnp.arange(width + extra[1])).astype(jnp.float32)
         tex = shapes._texture(params, rows, cols, scale, xp=jnp)  # (h + e0, w + e1, 3)
         offset = pan_floors[pan] - pan_lows[pan]  # (t,) >= 0
-        r = jnp.where(along[0], offset, 0)[:, None, None] + jnp.arange(height)[:, None]
-        c = jnp.where(along[1], offset, 0)[:, None, None] + jnp.arange(width)
+        r = jnp.where(along[0], offset, 0)[:, None, None] + jnp.arange(height)[None, :, None]
+        c = jnp.where(along[1], offset, 0)[:, None, None] + jnp.arange(width)[None, None, :]
         a = tex[r, c]  # (t, h, w, 3)
         b = tex[r + along[0].astype(jnp.int32), c + along[1].astype(jnp.int32)]
         # The reference's operation order: (b - a) * frac + a. No pan: frac = 0, exactly a.
@@ -396,8 +396,8 @@ def render(scenes: Scenes, num_frames: int, height: int = 64, width: int = 64) -
     scale = min(height, width)
     paths = trajectories(scenes, num_frames, height, width)  # (n, 3, t, 2)
     frames = _background(scenes, num_frames, height, width)
-    cols = jnp.arange(width, dtype=jnp.float32) + 0.5  # pixel centres
-    rows = jnp.arange(height, dtype=jnp.float32)[:, None] + 0.5
+    cols = jnp.arange(width, dtype=jnp.float32).reshape(1, 1, 1, -1) + 0.5  # pixel centres
+    rows = jnp.arange(height, dtype=jnp.float32).reshape(1, 1, -1, 1) + 0.5
     colours = jnp.asarray(_COLOURS)[scenes.colour]  # (n, 3, 3)
     for j in range(MAX_OBJECTS):
         dx = cols - paths[:, j, :, 0, None, None]  # (n, t, 1, w)
@@ -506,5 +506,5 @@ def caption_embeddings(scenes: Scenes, embedder: HashedTextEmbedder) -> tuple[ja
     """
     ids, mask = caption_ids(scenes, embedder.text_len)
     words, code = _embedding_tables(embedder)
-    out = jnp.asarray(words)[ids] + jnp.asarray(code)
+    out = jnp.asarray(words)[ids] + jnp.asarray(code)[None]
     return jnp.where(mask[..., None], out, 0.0), mask

@@ -349,10 +349,10 @@ def _texture(
     tint, base, angles, freqs, phases, wave_tint = params
     v = ((rows + 0.5) / scale)[:, None]
     u = ((cols + 0.5) / scale)[None, :]
-    bg = (base + 0.08 * xp.sin(2.0 * v + phases[3]))[..., None] * tint
+    bg = (base + 0.08 * xp.sin(2.0 * v + phases[3]))[..., None] * tint.reshape(1, 1, 3)
     for k in range(3):
         wave = xp.sin(freqs[k] * (xp.cos(angles[k]) * u + xp.sin(angles[k]) * v) + phases[k])
-        bg = bg + (0.045 * wave)[..., None] * wave_tint[k]
+        bg = bg + (0.045 * wave)[..., None] * wave_tint[k].reshape(1, 1, 3)
     return (2.0 * xp.clip(bg, 0.06, 0.45) - 1.0).astype(np.float32)
 
 

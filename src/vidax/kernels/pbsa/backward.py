@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vidax.kernels.pbsa.index import PbsaDims
+from vidax.kernels.pbsa.index import PbsaDims, iota_below
 from vidax.kernels.pbsa.reference import _q_tiles
 
 
@@ -61,9 +61,9 @@ def pbsa_backward(q, pool_k, pool_v, idx, cnt, lens, out, lse, d_out, d_lse, d: 
         q_t, do_t, lse_t, delta_t, idx_t, cnt_t = x
         kb = take(pool_k, idx_t).astype(f32)  # (b, n_kv, s, bs, k)
         vb = take(pool_v, idx_t).astype(f32)
-        live = jnp.arange(d.max_sel, dtype=jnp.int32) < cnt_t[..., None]
+        live = iota_below(d.max_sel, cnt_t)
         tok_len = jnp.where(live, take(lens, idx_t), 0)
-        valid = jnp.arange(d.block_size, dtype=jnp.int32) < tok_len[..., None]  # (b, h, s, bs)
+        valid = iota_below(d.block_size, tok_len)  # (b, h, s, bs)
         s = jnp.einsum("bhgrk,bhsnk->bhgrsn", q_t, kb) * scale
         s = jnp.where(valid[:, :, None, None], s, -jnp.inf)
         p = jnp.exp(s - lse_t[..., None, None])

@@ -53,6 +53,12 @@ class PbsaDims:
         return self.n // self.n_kv
 
 
+def iota_below(n: int, bound: Int[Array, "..."]) -> Bool[Array, "... n"]:
+    """`arange(n) < bound[..., None]`, the iota's rank promoted explicitly: which of `n`
+    positions fall below each bound."""
+    return jnp.arange(n, dtype=jnp.int32).reshape((1,) * bound.ndim + (n,)) < bound[..., None]
+
+
 def _concrete(x) -> np.ndarray | None:
     """`x` as a NumPy array when its value is known at trace time, else None."""
     if isinstance(x, jax.core.Tracer):
@@ -169,9 +175,7 @@ def canonicalize_selection(
     max_sel = block_idx.shape[-1]
     block_idx = block_idx.astype(jnp.int32)
     block_cnt = jnp.clip(block_cnt.astype(jnp.int32), 0, max_sel)
-    live = (jnp.arange(max_sel, dtype=jnp.int32) < block_cnt[..., None]) & (
-        (block_idx >= 0) & (block_idx < num_slots)
-    )
+    live = iota_below(max_sel, block_cnt) & (block_idx >= 0) & (block_idx < num_slots)
     # Dropped entries sort to the end as the sentinel `num_slots`.
     s = jnp.sort(jnp.where(live, block_idx, num_slots), axis=-1)
     first = jnp.concatenate([jnp.ones_like(s[..., :1], dtype=bool), s[..., 1:] != s[..., :-1]], -1)
@@ -180,7 +184,7 @@ def canonicalize_selection(
     cnt = keep.sum(-1, dtype=jnp.int32)
     last = jnp.take_along_axis(s, jnp.maximum(cnt - 1, 0)[..., None], axis=-1)
     last = jnp.where(cnt[..., None] > 0, last, 0)
-    idx = jnp.where(jnp.arange(max_sel, dtype=jnp.int32) < cnt[..., None], s, last)
+    idx = jnp.where(iota_below(max_sel, cnt), s, last)
     return idx, cnt
 
 
@@ -240,12 +244,12 @@ def selection_mask(
     """
     b, n_kv, nq, _ = block_idx.shape
     idx, cnt = canonicalize_selection(block_idx, block_cnt, num_slots)
-    live = jnp.arange(idx.shape[-1], dtype=jnp.int32) < cnt[..., None]
+    live = iota_below(idx.shape[-1], cnt)
     # One-hot over slots; a masked entry scatters into an extra dropped column.
     tgt = jnp.where(live, idx, num_slots)
     onehot = jax.nn.one_hot(tgt, num_slots + 1, dtype=jnp.int32).sum(-2)[..., :num_slots] > 0
     lens = full_slot_len(slot_len, b=b, n_kv=n_kv, num_slots=num_slots, block_size=block_size)
-    tok = jnp.arange(block_size, dtype=jnp.int32) < lens[..., None]  # (b, n_kv, slots, bs)
+    tok = iota_below(block_size, lens)  # (b, n_kv, slots, bs)
     mask = onehot[..., None] & tok[:, :, None]  # (b, n_kv, nq, slots, bs)
     mask = mask.reshape(b, n_kv, nq, 1, num_slots * block_size)
     mask = jnp.broadcast_to(mask, (b, n_kv, nq, block_q, num_slots * block_size))

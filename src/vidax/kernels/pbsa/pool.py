@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from vidax.kernels.pbsa.index import _concrete, full_slot_len
+from vidax.kernels.pbsa.index import _concrete, full_slot_len, iota_below
 
 
 def _slots_3d(slots: Array, b: int, n_kv: int, name: str = "slots") -> Array:
@@ -156,7 +156,7 @@ def block_means(
     if slot_len.shape not in ((b, n_kv, num_slots), (b, num_slots)):
         raise ValueError(f"slot_len shape {slot_len.shape} does not match the pool {pool.shape}")
     lens = full_slot_len(slot_len, b=b, n_kv=n_kv, num_slots=num_slots, block_size=block_size)
-    tok = (jnp.arange(block_size, dtype=jnp.int32) < lens[..., None]).astype(jnp.float32)
+    tok = iota_below(block_size, lens).astype(jnp.float32)
     total = jnp.einsum("bhst,bhstk->bhsk", tok, x)
     count = jnp.maximum(lens, 1).astype(jnp.float32)[..., None]
     return (total / count).astype(dtype)

@@ -16,6 +16,7 @@ from vidax.kernels.pbsa.index import (
     canonicalize_selection,
     check_inputs,
     full_slot_len,
+    iota_below,
 )
 from vidax.nn.softmax import normalize, softmax_stats
 
@@ -76,9 +77,9 @@ def _attend(q, pool_k, pool_v, idx, cnt, lens, d: PbsaDims, scale: float):
     take = jax.vmap(jax.vmap(lambda pool, i: pool[i]))  # per (b, n_kv): pool[idx]
     kb = take(pool_k, idx).astype(f32)  # (b, n_kv, nq, s, bs, k)
     vb = take(pool_v, idx).astype(f32)
-    live = jnp.arange(d.max_sel, dtype=jnp.int32) < cnt[..., None]
+    live = iota_below(d.max_sel, cnt)
     tok_len = jnp.where(live, take(lens, idx), 0)  # (b, n_kv, nq, s)
-    valid = jnp.arange(d.block_size, dtype=jnp.int32) < tok_len[..., None]
+    valid = iota_below(d.block_size, tok_len)
 
     qt = _q_tiles(q, d).astype(f32)
     logits = jnp.einsum("bhgqtk,bhqsnk->bhgqtsn", qt, kb) * scale

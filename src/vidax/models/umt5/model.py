@@ -123,7 +123,7 @@ class UMT5Attention(nnx.Module):
         q, k, v = (shard(split(proj(x)), axes) for proj in (self.q, self.k, self.v))
         # Unscaled logits reach large magnitudes, so they and the softmax are float32.
         logits = jnp.einsum("blnk,bsnk->bnls", q, k, preferred_element_type=jnp.float32)
-        logits = logits + self.position_bias(buckets)
+        logits = logits + self.position_bias(buckets)[None]  # (n, l, s) over the batch
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
         o = jnp.einsum("bnls,bsnk->blnk", probs, v)

@@ -232,5 +232,5 @@ class WanTransformer(VideoDiT):
 
 def _head_modulation(table: nnx.Param, temb: jax.Array) -> tuple[jax.Array, jax.Array]:
     """shift, scale (b, 1|l, d) of the output head: learned table + timestep embedding."""
-    m = table[...].astype(jnp.float32) + temb[:, :, None, :]  # (b, 1|l, 2, d)
+    m = table[...].astype(jnp.float32)[None, None] + temb[:, :, None, :]  # (b, 1|l, 2, d)
     return m[:, :, 0], m[:, :, 1]
