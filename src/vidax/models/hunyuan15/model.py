@@ -28,7 +28,7 @@ from vidax.models.hunyuan.model import Conditioning, DualStreamDiT, check_text
 from vidax.models.hunyuan15.config import HunyuanVideo15Config
 from vidax.nn import LayerNorm, Linear
 from vidax.nn.embeddings import timestep_embedding
-from vidax.nn.layers import param
+from vidax.nn.layers import last_axis, param
 from vidax.sharding import shard
 
 # Token types of the text stream (rows of `cond_type_embed`).
@@ -97,7 +97,8 @@ class HunyuanVideo15Transformer(DualStreamDiT):
 
     def _typed(self, tokens: jax.Array, kind: int) -> jax.Array:
         c = self.config
-        return tokens.astype(c.compute_dtype) + self.cond_type_embed[kind].astype(c.compute_dtype)
+        embed = last_axis(self.cond_type_embed[kind].astype(c.compute_dtype), tokens.ndim)
+        return tokens.astype(c.compute_dtype) + embed
 
     def condition(
         self,
