@@ -92,7 +92,7 @@ def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
     c = layout.config
     t0 = time_positions(jnp.asarray(chunk_start), chunk_start, layout)
     grid = video_positions(c.chunk_frames, *layout.grid_hw)
-    return grid + jnp.stack([t0, 0.0 * t0, 0.0 * t0])
+    return grid + jnp.stack([t0, 0.0 * t0, 0.0 * t0])[None]  # one time offset for every token
 
 
 def make_rope(axes_dims: tuple[int, ...], theta: float):
@@ -333,7 +333,7 @@ def sparse_attention(
 
     gates = jnp.tanh(
         jnp.einsum("blnk,nkg->blng", q.astype(f32), params.gate_kernel[...].astype(f32))
-        + params.gate_bias[...].astype(f32)
+        + params.gate_bias[...].astype(f32)[None, None]  # (n, g) over (b, l)
     )
     o = (1 + gates[..., 0:1]) * o_sel + gates[..., 1:2] * o_cmp
     return o.astype(q.dtype), mass

@@ -128,7 +128,8 @@ def token_positions(
 ) -> Float[Array, "... m bs 3"]:
     """(t, h, w) RoPE positions of every token of the blocks (frame, block)."""
     t = time_positions(frame, chunk_start, layout)
-    token = block[..., None] * layout.block_size + jnp.arange(layout.block_size)  # (..., m, bs)
+    offsets = jnp.arange(layout.block_size).reshape((1,) * block.ndim + (-1,))
+    token = block[..., None] * layout.block_size + offsets  # (..., m, bs)
     w = layout.grid_hw[1]
     hw = jnp.stack([token // w, token % w], axis=-1).astype(jnp.float32)
     t = jnp.broadcast_to(t[..., None, None], (*token.shape, 1))
