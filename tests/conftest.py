@@ -1,4 +1,4 @@
-"""Test set-up: 8 CPU devices, strict dtype promotion, slow-test gating.
+"""Test set-up: 8 CPU devices, strict dtype promotion, rank promotion raises, slow-test gating.
 
 Environment must be set before jax is imported anywhere, hence module level.
 """
@@ -21,6 +21,8 @@ import jax
 import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+# Broadcasting (d,) against (b, l, d) must be written out ([None], reshape, broadcast_to).
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 def pytest_addoption(parser):
