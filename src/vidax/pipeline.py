@@ -98,27 +98,21 @@ class StepCacheReport:
 @dataclasses.dataclass(frozen=True)
 class Adapter:
     """What the shared loop needs to know about one DiT, from its family's package
-    (`vidax.models.<family>`: `conditioning`, and optionally `model_input`, `embedded_guidance`).
+    (`vidax.models.<family>`: `conditioning`, and optionally `embedded_guidance`).
 
     conditioning(text, guidance) -> keyword arguments of the model's forward;
-    model_input: the model's input for latent x (e.g. extra condition channels), or None for x;
     embedded_guidance: the model embeds the guidance scale (no CFG batch).
     """
 
     conditioning: Callable[[PromptEmbeds, float], Conditioning]
-    model_input: Callable[[jax.Array], jax.Array] | None = None
     embedded_guidance: bool = False
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Adapter:
         family, config = spec.family_module, spec.config
-        model_input = getattr(family, "model_input", None)
         embedded = getattr(family, "embedded_guidance", None)
         return cls(
             conditioning=functools.partial(family.conditioning, config),
-            # A hashable callable (equal for equal configs): a `functools.partial` made per call
-            # would make every cached sampling program miss.
-            model_input=None if model_input is None else _ModelInput(model_input, config),
             embedded_guidance=bool(embedded and embedded(config)),
         )
 
@@ -134,24 +128,22 @@ def denoise(
     *,
     solver,
     guidance: float,
-    model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
     """Runs the full sampler loop under one jit; returns the final latent (float32).
 
     Args:
-      model: a DiT called as `model(model_input(x), timestep (b,), **cond)`.
+      model: a DiT called as `model(x, timestep (b,), **cond)`.
       noise: (b, t, h, w, c) starting noise.
       cond / negative: conditioning pytrees with batch b (negative None disables CFG).
       solver: a `vidax.sampling` solver.
       guidance: classifier-free guidance scale (1 disables CFG).
-      model_input: maps the latent to the model input (default: identity).
       on_step: host callback after each step (progress bars).
 
     Raises:
       ValueError: the latent turned non-finite (NaN or inf), naming the first step where it did.
     """
-    latents, _ = _denoise(model, noise, cond, negative, solver, guidance, model_input, on_step)
+    latents, _ = _denoise(model, noise, cond, negative, solver, guidance, on_step)
     return latents
 
 
@@ -164,7 +156,6 @@ def denoise_cached(
     solver,
     guidance: float,
     skip: Sequence[bool],
-    model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, np.ndarray]:
     """`denoise` with a step cache: the steps `skip` marks reuse the previous step's model
@@ -175,18 +166,16 @@ def denoise_cached(
       from the one before (NaN where not measured), a calibration for `plan_skips`.
     """
     latents, changes = _denoise(
-        model, noise, cond, negative, solver, guidance, model_input, on_step, tuple(skip)
+        model, noise, cond, negative, solver, guidance, on_step, tuple(skip)
     )
     assert changes is not None
     return latents, changes
 
 
-def _denoise(model, noise, cond, negative, solver, guidance, model_input, on_step, skip=None):
+def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None):
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_loop(
-        graphdef, solver, float(guidance), use_cfg, model_input, on_step is not None, skip
-    )
+    run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, on_step is not None, skip)
     with sampling.reporting_steps(on_step):
         latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
         # One scalar read after the whole loop: no per-step host sync.
@@ -231,11 +220,8 @@ class _WatchFinite:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(
-    graphdef, solver, guidance: float, use_cfg: bool, model_input, progress: bool, skip=None
-):
+def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, progress: bool, skip=None):
     # Cached on static values only: the progress callback goes through `sampling.step_hook`.
-    prepare = model_input or (lambda x: x)
 
     @jax.jit
     def run(state, noise, cond, negative):
@@ -243,7 +229,7 @@ def _compiled_loop(
 
         def model_fn(x, t, c):
             timestep = jnp.full((x.shape[0],), t, jnp.float32)
-            return model(prepare(x), timestep, **c).astype(jnp.float32)
+            return model(x, timestep, **c).astype(jnp.float32)
 
         if use_cfg:
             velocity = sampling.classifier_free_guidance(model_fn, cond, negative, guidance)
@@ -423,11 +409,10 @@ def generate(
             transformer = load_transformer(spec, checkpoint, mesh=mesh, strategy=strategy)
         if lora:
             merge_loras(transformer, spec, lora)
-    model_input = family.model_input
     if accel not in ACCEL_MODES:
         raise ValueError(f"accel must be one of {', '.join(ACCEL_MODES)}, got {accel!r}")
     progressive = accel.removesuffix("+cache") if accel != "cache" else "none"
-    sampler_kw = dict(solver=solver, guidance=cfg_scale, model_input=model_input, on_step=on_step)
+    sampler_kw = dict(solver=solver, guidance=cfg_scale, on_step=on_step)
     mesh_context: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if mesh is not None:
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
@@ -580,17 +565,6 @@ def load(
         text_encoder=encoder,
         checkpoint=None if checkpoint is None else Path(checkpoint),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _ModelInput:
-    """`fn(config, x)` as `x -> model input`, equal (and hashing equal) for equal (fn, config)."""
-
-    fn: Callable
-    config: Any
-
-    def __call__(self, x):
-        return self.fn(self.config, x)
 
 
 # `generate(accel=...)`: DVG's progressive modes, the step cache, and DVG with the step cache.

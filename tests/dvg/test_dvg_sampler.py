@@ -86,8 +86,8 @@ def test_stages_see_their_grids_and_full_resolution_positions():
     p = dvg.plan(schedule, LATENT, (1, 2, 2), solver)
     seen, traces = [], []
 
-    def velocity(x, t, pos):
-        seen.append((x.shape[1:4], None if pos is None else np.asarray(pos)))
+    def velocity(x, t, grid):
+        seen.append((x.shape[1:4], None if grid is None else np.asarray(grid.positions)))
         return jnp.sin(x) + t / 1000.0
 
     @jax.jit
@@ -113,8 +113,8 @@ def test_clean_data_is_reproduced_through_every_transition():
     every stage's clean prediction x*: the output must be x* for any schedule and upsampler."""
     target = jnp.asarray([0.5, -1.0, 2.0, 0.25], jnp.float32)
 
-    def velocity(x, t, pos):
-        del pos
+    def velocity(x, t, grid):
+        del grid
         return (x - target.reshape(1, 1, 1, 1, -1)) / (t / 1000.0)
 
     noise = jax.random.normal(jax.random.key(2), (2, *LATENT, 4), jnp.float32)

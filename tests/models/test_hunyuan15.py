@@ -137,7 +137,7 @@ def test_stages_compose_to_the_forward(model):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("x", jnp.zeros((2, 2, 3, 4, 4)), "expected 9 latent channels"),
+        ("x", jnp.zeros((2, 2, 3, 4, 5)), "expected a latent of 4 channels"),
         ("text", jnp.zeros((2, 6, 8)), "text must be"),
         ("text_mask", jnp.ones((2, 5), bool), "text_mask must be"),
         ("byt5", jnp.zeros((2, 4, 24)), "byt5 must be"),

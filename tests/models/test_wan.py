@@ -134,3 +134,47 @@ def test_presets_have_the_published_sizes():
     assert (PRESETS["wan2.1-1.3b"].dim, PRESETS["wan2.1-1.3b"].num_layers) == (1536, 30)
     assert (PRESETS["wan2.1-14b"].num_heads, PRESETS["wan2.1-14b"].ffn_dim) == (40, 13824)
     assert isinstance(PRESETS["tiny"], WanConfig)
+
+
+I2V = dataclasses.replace(
+    CONFIG, in_channels=2 * CONFIG.out_channels + 4, image_dim=12, added_kv_proj_dim=CONFIG.dim
+)
+
+
+def test_image_to_video_inputs_are_checked():
+    model = WanTransformer(I2V, rngs=nnx.Rngs(0))
+    x, t, ctx = _inputs()
+    image = jnp.ones((2, 3, 12), jnp.float32)
+    cond = jnp.zeros((*x.shape[:4], I2V.condition_channels), jnp.float32)
+    assert I2V.condition_channels == CONFIG.out_channels + 4
+    out = model(x, t, ctx, image=image, condition=cond)
+    assert out.shape == x.shape
+    # condition None is zeros; the whole input may also come pre-concatenated
+    np.testing.assert_allclose(model(x, t, ctx, image=image), out, atol=1e-6)
+    whole = jnp.concatenate([x, cond], -1)
+    np.testing.assert_allclose(model(whole, t, ctx, image=image), out, atol=1e-6)
+    with pytest.raises(ValueError, match="reads CLIP image tokens"):
+        model(x, t, ctx, condition=cond)
+    with pytest.raises(ValueError, match=r"image must be \(b, s, 12\)"):
+        model(x, t, ctx, image=jnp.ones((2, 3, 5)), condition=cond)
+    with pytest.raises(ValueError, match="condition must be"):
+        model(x, t, ctx, image=image, condition=cond[:, :2])
+    text_only = WanTransformer(CONFIG, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="no image embedder"):
+        text_only(x, t, ctx, image=image)
+    with pytest.raises(ValueError, match="without condition channels"):
+        text_only(x, t, ctx, condition=cond)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(image_dim=8), "go together"),
+        (dict(image_dim=8, added_kv_proj_dim=32), "must equal dim"),
+        (dict(pos_embed_seq_len=4), "needs image_dim"),
+        (dict(in_channels=4), "in_channels 4 < out_channels"),
+    ],
+)
+def test_image_config_is_validated(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(CONFIG, **change)

@@ -116,3 +116,49 @@ def test_export_round_trips_to_diffusers(models, tmp_path):
     assert set(exported) == set(original)
     for key, value in original.items():
         np.testing.assert_array_equal(exported[key].numpy(), value.numpy(), err_msg=key)
+
+
+# Wan 2.1 image-to-video: 4 mask + 4 image-latent condition channels beside the latent, CLIP
+# tokens through the cross-attention's added key/value projections. diffusers splits the
+# cross-attention context as [image; text] assuming exactly 512 text tokens, hence text_len.
+I2V = dataclasses.replace(
+    CONFIG, in_channels=16, text_len=512, image_dim=20, added_kv_proj_dim=CONFIG.dim
+)
+# First-last-frame models add a position embedding over two images' tokens.
+FLF2V = dataclasses.replace(I2V, pos_embed_seq_len=2 * 5)
+
+
+@pytest.mark.parametrize("config", [I2V, FLF2V], ids=["i2v", "flf2v"])
+def test_image_to_video_transformer_matches_diffusers(config, tmp_path):
+    ref = _reference_model(config, seed=1)
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    model = load(tmp_path, config)
+    rng = np.random.default_rng(3)
+    b, t, h, w = 2, 3, 4, 6
+    x = rng.standard_normal((b, t, h, w, config.out_channels)).astype(np.float32)
+    condition = rng.standard_normal((b, t, h, w, config.condition_channels)).astype(np.float32)
+    ctx = rng.standard_normal((b, config.text_len, config.text_dim)).astype(np.float32)
+    images = b if config.pos_embed_seq_len is None else 2 * b  # first + last frame
+    image = rng.standard_normal((images, 5, config.image_dim)).astype(np.float32)
+    ts = np.array([999.0, 37.5], np.float32)
+    with torch.no_grad():
+        want = ref(
+            torch.from_numpy(np.concatenate([x, condition], -1)).permute(0, 4, 1, 2, 3),
+            torch.from_numpy(ts),
+            torch.from_numpy(ctx),
+            encoder_hidden_states_image=torch.from_numpy(image),
+            return_dict=False,
+        )[0]
+    got = jax.jit(lambda x, t, c, i, k: model(x, t, c, image=i, condition=k))(
+        x, ts, ctx, image, condition
+    )
+    assert_close(got, to_numpy(want.permute(0, 2, 3, 4, 1)), 1e-4, "wan i2v output")
+    # The image tokens matter (a model ignoring them would pass the rest).
+    other = model(x, ts, ctx, image=image[::-1].copy(), condition=condition)
+    assert np.abs(np.asarray(other - got)).max() > 1e-3
+    # And the export writes diffusers' keys back, bit for bit.
+    save_model(model, tmp_path / "export.safetensors", key_map(config))
+    import safetensors.torch
+
+    exported = safetensors.torch.load_file(tmp_path / "export.safetensors")
+    assert set(exported) == set(ref.state_dict())

@@ -29,13 +29,21 @@ from vidax.dvg import selector
 from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan, reduced_shape
 from vidax.dvg.schedule import plan as plan_schedule
 from vidax.dvg.selector import DEFAULT_POLICY, ladders, measure
-from vidax.dvg.transition import correct_noise, positions, renoise, restrict_noise, upsample
+from vidax.dvg.transition import (
+    correct_noise,
+    downsample,
+    positions,
+    renoise,
+    restrict_noise,
+    upsample,
+)
 from vidax.sharding import current
 
 
 class PatchedDiT(Protocol):
     """What DVG needs of a DiT (`vidax.models.dit_stages.VideoDiT` is one): its config's
-    `patch_size`, and a forward taking the tokens' `positions` (a reduced grid's)."""
+    `patch_size`, and a forward taking the tokens' `positions` (a reduced grid's) and, for
+    image-to-video, `condition` channels on the latent's grid."""
 
     config: Any
 
@@ -44,9 +52,39 @@ class PatchedDiT(Protocol):
     ) -> jax.Array: ...
 
 
-# velocity_fn(x (b,t,h,w,c), t scalar float32, positions (l,3) or None) -> v like x. Positions
-# are built on the host (NumPy): constants of the compiled program.
-VelocityFn = Callable[[jax.Array, jax.Array, np.ndarray | None], jax.Array]
+@dataclasses.dataclass(frozen=True, eq=False)
+class StageGrid:
+    """A reduced stage's grid as the model sees it (see `VelocityFn`).
+
+    Attributes:
+      factors: (t_factor, s_factor) of the grid.
+      pad: (t, h, w) edge padding the model input gets (a multiple for the patch or the mesh).
+      positions: (l, 3) RoPE positions of the padded token grid in full-resolution
+        coordinates, or None (the model's integer grid: `Plan.rope` "compact"). Built on the
+        host: constants of the compiled program.
+      temporal / spatial: the plan's resampling methods.
+    """
+
+    factors: tuple[int, int]
+    pad: tuple[int, int, int]
+    positions: np.ndarray | None
+    temporal: str
+    spatial: str
+
+    def restrict(self, a: jax.Array) -> jax.Array:
+        """A full-resolution (b, t, h, w, k) signal on this grid, padded like the model input:
+        an image-to-video condition (image latents: nested frames, low-passed pixels; the
+        first-frame mask stays one on frame 0 and zero elsewhere, as the reference rebuilds
+        it per stage)."""
+        y = downsample(a, self.factors, temporal=self.temporal, spatial=self.spatial)
+        if any(self.pad):
+            y = jnp.pad(y, [(0, 0), *((0, p) for p in self.pad), (0, 0)], mode="edge")
+        return y
+
+
+# velocity_fn(x (b,t,h,w,c), t scalar float32, grid) -> v like x, where grid is the reduced
+# stage's `StageGrid`, or None at full resolution (the model's own grid, nothing to restrict).
+VelocityFn = Callable[[jax.Array, jax.Array, StageGrid | None], jax.Array]
 
 
 @functools.partial(
@@ -80,21 +118,23 @@ class Probe:
 
 
 def stage_velocity(velocity_fn: VelocityFn, plan: Plan, stage: StagePlan):
-    """velocity(x, t) on a stage's grid: pads to the planned shape, passes RoPE positions on
-    full-resolution coordinates (or none at full resolution), crops the prediction."""
+    """velocity(x, t) on a stage's grid: pads to the planned shape, passes the `StageGrid`
+    (RoPE positions on full-resolution coordinates; None at full resolution), crops the
+    prediction."""
     if stage.factors == (1, 1) and not any(stage.pad):
         return lambda x, t: velocity_fn(x, t, None)
     padded = stage.padded
     (t, h, w), (pt, ph, pw) = padded, plan.patch
-    grid = (t // pt, h // ph, w // pw)
-    pos = positions(grid, stage.factors, plan.patch) if plan.rope == "scaled" else None
+    tokens = (t // pt, h // ph, w // pw)
+    pos = positions(tokens, stage.factors, plan.patch) if plan.rope == "scaled" else None
+    grid = StageGrid(stage.factors, stage.pad, pos, plan.temporal, plan.spatial)
     t0, h0, w0 = stage.shape
 
     def velocity(x, t):
         if any(stage.pad):
             widths = [(0, 0), *((0, p) for p in stage.pad), (0, 0)]
             x = jnp.pad(x, widths, mode="edge")
-        return velocity_fn(x, t, pos)[:, :t0, :h0, :w0]
+        return velocity_fn(x, t, grid)[:, :t0, :h0, :w0]
 
     return velocity
 
@@ -259,21 +299,27 @@ def sample(
 # -- model-level entry points ---------------------------------------------------------------------
 
 
-def model_velocity(model, cond, negative, guidance: float, model_input=None) -> VelocityFn:
-    """The (guided) `VelocityFn` of a DiT called as
-    `model(model_input(x), timestep, **cond, positions=...)` (as `vidax.pipeline.denoise`)."""
+def model_velocity(model, cond, negative, guidance: float) -> VelocityFn:
+    """The (guided) `VelocityFn` of a DiT called as `model(x, timestep, **cond, positions=...)`
+    (as `vidax.pipeline.denoise`). A `condition` in the conditioning (image-to-video channels
+    on the full latent grid) is restricted to each reduced stage's grid."""
     use_cfg = negative is not None and guidance != 1.0
-    prepare = model_input or (lambda x: x)
 
-    def velocity(x, t, pos):
-        kw = {} if pos is None else {"positions": pos}
+    def on_grid(c, grid: StageGrid | None):
+        if grid is None or c is None or c.get("condition") is None:
+            return c
+        return {**c, "condition": grid.restrict(c["condition"])}
+
+    def velocity(x, t, grid):
+        kw = {} if grid is None or grid.positions is None else {"positions": grid.positions}
+        c, neg = on_grid(cond, grid), on_grid(negative, grid)
 
         def model_fn(x, timestep, c):
-            return model(prepare(x), timestep, **c, **kw).astype(jnp.float32)
+            return model(x, timestep, **c, **kw).astype(jnp.float32)
 
         if use_cfg:
-            return sampling.classifier_free_guidance(model_fn, cond, negative, guidance)(x, t)
-        return model_fn(x, jnp.full((x.shape[0],), t, jnp.float32), cond)
+            return sampling.classifier_free_guidance(model_fn, c, neg, guidance)(x, t)
+        return model_fn(x, jnp.full((x.shape[0],), t, jnp.float32), c)
 
     return velocity
 
@@ -288,28 +334,25 @@ def denoise(
     guidance: float,
     key: jax.Array | None = None,
     resume: Probe | None = None,
-    model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
     skip: Sequence[bool] | None = None,
 ) -> jax.Array:
     """Runs a plan with a DiT under one jit (compiled once per plan); returns the latent.
 
     Args:
-      model: a DiT called as `model(x, timestep (b,), **cond, positions=(l, 3))`.
+      model: a DiT called as `model(x, timestep (b,), **cond, positions=(l, 3))`; a
+        `condition` in cond is on the full grid (restricted per stage).
       noise: (b, t, h, w, c) starting noise.
       cond / negative: conditioning pytrees (negative None or guidance 1 disables CFG).
       plan: from `vidax.dvg.plan`.
       guidance: classifier-free guidance scale.
       key / resume / on_step: see `sample`.
-      model_input: maps the latent to the model input (as `vidax.pipeline.denoise`).
       skip: (base steps,) steps that reuse the previous velocity (see `sample`).
     """
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     skip = None if skip is None else tuple(bool(s) for s in skip)
-    run = _compiled(
-        graphdef, plan, float(guidance), use_cfg, model_input, on_step is not None, skip
-    )
+    run = _compiled(graphdef, plan, float(guidance), use_cfg, on_step is not None, skip)
     with sampling.reporting_steps(on_step):
         return jax.block_until_ready(
             run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
@@ -317,14 +360,14 @@ def denoise(
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(graphdef, plan: Plan, guidance, use_cfg, model_input, progress: bool, skip=None):
+def _compiled(graphdef, plan: Plan, guidance, use_cfg, progress: bool, skip=None):
     # Cached on static values only: the progress callback goes through `sampling.step_hook`.
     on_step = sampling.step_hook if progress else None
 
     @jax.jit
     def run(state, noise, cond, negative, key, resume):
         model = nnx.merge(graphdef, state)
-        velocity = model_velocity(model, cond, negative, guidance, model_input)
+        velocity = model_velocity(model, cond, negative, guidance)
         return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step, skip=skip)
 
     return run
@@ -338,12 +381,11 @@ def probe(
     *,
     plan: Plan,
     guidance: float,
-    model_input: Callable[[jax.Array], jax.Array] | None = None,
 ) -> Probe:
     """Runs stage 0 of `plan` (the selector's probe) and measures its clean prediction.
 
     Args:
-      model / noise / cond / negative / guidance / model_input: as `denoise`.
+      model / noise / cond / negative / guidance: as `denoise`.
       plan: a reduced plan; only its first stage runs (e.g. `probe_stage`'s, followed by the
         full-resolution rest).
 
@@ -354,16 +396,16 @@ def probe(
         raise ValueError(f"the probe needs a reduced first stage, got {plan.schedule.describe()}")
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_probe(graphdef, plan, float(guidance), use_cfg, model_input)
+    run = _compiled_probe(graphdef, plan, float(guidance), use_cfg)
     return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool, model_input):
+def _compiled_probe(graphdef, plan: Plan, guidance: float, use_cfg: bool):
     @jax.jit
     def run(state, noise, cond, negative):
         model = nnx.merge(graphdef, state)
-        velocity = model_velocity(model, cond, negative, guidance, model_input)
+        velocity = model_velocity(model, cond, negative, guidance)
         first = plan.stages[0]
         x = restrict_noise(noise, first.factors, **_methods(plan))
         x0, eps_hat = run_stage(velocity, x, plan, 0)
@@ -419,7 +461,6 @@ def accelerate(
     budget: float = DEFAULT_BUDGET,
     policy=None,
     key: jax.Array | None = None,
-    model_input: Callable[[jax.Array], jax.Array] | None = None,
     on_step: Callable[[int], None] | None = None,
     skip: Sequence[bool] | None = None,
     **options,
@@ -429,7 +470,8 @@ def accelerate(
     Args:
       model: a DiT with a `config` (patch size, FLOP model) accepting `positions`.
       noise: (b, t, h, w, c) starting noise.
-      cond / negative / guidance / model_input: as `vidax.pipeline.denoise`.
+      cond / negative / guidance: as `vidax.pipeline.denoise` (a `condition` in them is
+        restricted to each stage's grid).
       solver: the base solver (its steps and shift define the full-resolution run).
       accel: "dvg" (probe + content-aware selector), "spatial" / "temporal" / "joint" (the best
         schedule of that family for the budget, independent of content), or "none" (the base
@@ -485,7 +527,6 @@ def accelerate(
         model,
         guidance=guidance,
         key=key,
-        model_input=model_input,
         on_step=on_step,
         skip=skip,
     )
@@ -530,9 +571,7 @@ def accelerate(
 
     budget = affordable(reducing, first)
     probe_plan = make_plan(Schedule((first, Stage(1, 1, n - first.steps))))
-    probed = probe(
-        model, noise, cond, negative, plan=probe_plan, guidance=guidance, model_input=model_input
-    )
+    probed = probe(model, noise, cond, negative, plan=probe_plan, guidance=guidance)
     choices = []
     for row in np.asarray(probed.signals):
         measured = (float(row[0]), float(row[1]))

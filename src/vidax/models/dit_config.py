@@ -48,6 +48,12 @@ class PatchedVideoDiT(ConfigDtypes):
         return pt * ph * pw * self.in_channels
 
     @property
+    def condition_channels(self) -> int:
+        """Input channels beside the latent: an image-to-video model's condition (image
+        latents, first-frame mask), concatenated to the noisy latent (`VideoDiT.__call__`)."""
+        return self.in_channels - self.out_channels
+
+    @property
     def out_features(self) -> int:
         """Features of one output patch token before unpatchify."""
         pt, ph, pw = self.patch_size

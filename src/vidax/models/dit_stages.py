@@ -154,19 +154,57 @@ class VideoDiT(nnx.Module):
         x: Float[Array, "b t h w c"],
         *args: Any,
         positions: Float[Array, "l 3"] | None = None,
+        condition: Float[Array, "b t h w k"] | None = None,
         **kwargs: Any,
     ) -> Float[Array, "b t h w c"]:
         """Predicts the flow for latent `x` at a timestep (sigma * 1000).
 
         Args:
-          x: (b, t, h, w, in_channels) noisy latent (with its condition channels, if any).
+          x: (b, t, h, w, out_channels) noisy latent, or the whole model input
+            (in_channels: latent and condition channels already concatenated; condition None).
           *args, **kwargs: the family's conditioning inputs, as its `condition` takes them.
           positions: optional (l, 3) RoPE positions of the token grid (default: integer grid).
+          condition: (b, t, h, w, config.condition_channels) channels concatenated to `x`
+            (image-to-video: image latents and first-frame mask, on x's grid); None: zeros
+            (text-to-video on a model that also does image-to-video, as diffusers does).
 
         Returns:
           (b, t, h, w, out_channels) float32 flow prediction.
         """
-        tokens, grid = self.embed(x)
+        tokens, grid = self.embed(with_condition(self.config, x, condition))
         cond = self.condition(*args, **kwargs)
         tokens = self.run_blocks(tokens, cond, self.rope(grid, positions))
         return self.unembed(tokens, cond, grid)
+
+
+def with_condition(
+    config: Any, x: Float[Array, "b t h w c"], condition: Float[Array, "b t h w k"] | None
+) -> Float[Array, "b t h w c+k"]:
+    """The model input: latent `x` with the condition channels the config expects
+    (`condition_channels`) concatenated (zeros when `condition` is None; x as it is when it
+    already has all `in_channels`).
+
+    Raises:
+      ValueError: `condition` given to a model without condition channels, or not of x's grid
+        with the expected channels.
+    """
+    k = config.condition_channels
+    if k and x.shape[-1] not in (config.out_channels, config.in_channels):
+        raise ValueError(
+            f"expected a latent of {config.out_channels} channels (or the whole "
+            f"{config.in_channels}-channel model input), got shape {x.shape}"
+        )
+    if condition is None:
+        if k == 0 or x.shape[-1] == config.in_channels:
+            return x
+        return jnp.concatenate([x, jnp.zeros((*x.shape[:-1], k), x.dtype)], axis=-1)
+    if k == 0:
+        raise ValueError("condition= given to a model without condition channels")
+    if x.shape[-1] != config.out_channels:
+        raise ValueError(f"x already has all {config.in_channels} channels: no condition= too")
+    if condition.shape != (*x.shape[:-1], k):
+        raise ValueError(
+            f"condition must be {(*x.shape[:-1], k)} (x's grid, {k} channels), got "
+            f"{condition.shape}"
+        )
+    return jnp.concatenate([x, condition.astype(x.dtype)], axis=-1)

@@ -17,6 +17,7 @@ PARAM_AXES = frozenset(
         "modulation",  # adaLN modulation outputs (k * d)
         "patch",  # flattened patch features (pt * ph * pw * c)
         "text_embed",  # text encoder width
+        "image_embed",  # image encoder width (CLIP image tokens of image-to-video models)
         "freq",  # sinusoidal timestep features
         "vocab",  # token embedding rows
         "conv_in",  # convolution input channels
@@ -33,6 +34,7 @@ ACTIVATION_AXES = frozenset(
         "attn_tokens",  # query tokens inside attention (Ulysses gathers them, splitting heads)
         "kv_tokens",  # key/value tokens inside attention (gathered for sequence parallelism)
         "text_tokens",  # text context tokens
+        "image_tokens",  # image context tokens (image-to-video cross-attention)
         "embed",  # activation width d
         "attn_heads",  # heads inside attention (Ulysses shards this instead of tokens)
         "head_dim",

@@ -1,6 +1,6 @@
 """HunyuanVideo-1.5 text/image-to-video diffusion transformer."""
 
-from vidax.models.hunyuan15.conditioning import conditioning, model_input
+from vidax.models.hunyuan15.conditioning import conditioning
 from vidax.models.hunyuan15.config import (
     PRESETS,
     HunyuanVideo15Config,
@@ -24,6 +24,5 @@ __all__ = [
     "from_diffusers_config",
     "key_map",
     "load",
-    "model_input",
     "to_diffusers_config",
 ]

@@ -1,4 +1,4 @@
-"""Wan 2.1 DiT configuration and presets."""
+"""Wan 2.1 / 2.2 DiT configuration and presets."""
 
 from __future__ import annotations
 
@@ -13,16 +13,24 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WanConfig(PatchedVideoDiT):
-    """Architecture and numerics of a Wan 2.1 text-to-video transformer.
+    """Architecture and numerics of a Wan 2.1 / 2.2 transformer (text- or image-to-video).
 
     Attributes:
       dim: model width d (= num_heads * head_dim).
       num_layers: transformer blocks, stacked and scanned.
       num_heads: attention heads n.
       ffn_dim: FFN hidden width f.
-      in_channels / out_channels: latent channels c.
+      in_channels / out_channels: latent channels c; image-to-video models take more input
+        channels than they output (`condition_channels`: Wan 2.1 I2V's 4 first-frame mask + 16
+        image latent channels).
       text_dim: width of the text-encoder embeddings (umT5-XXL: 4096).
       text_len: number of text tokens the model is conditioned on (Wan pads to 512).
+      image_dim: width of the CLIP image tokens (Wan 2.1 I2V: 1280), embedded and attended by
+        every cross-attention through its own key/value projections; None: no image tokens.
+      added_kv_proj_dim: input width of those key/value projections (diffusers' name; it reads
+        the embedded image tokens, so it equals `dim` whenever image_dim is set).
+      pos_embed_seq_len: a learned position embedding over two images' tokens (first-last-frame
+        models, 2 x 257); None: none.
       freq_dim: sinusoidal timestep features.
       patch_size: (pt, ph, pw) patchification of the latent.
       cross_attn_norm: affine LayerNorm before cross-attention.
@@ -41,6 +49,9 @@ class WanConfig(PatchedVideoDiT):
     out_channels: int = 16
     text_dim: int = 4096
     text_len: int = 512
+    image_dim: int | None = None
+    added_kv_proj_dim: int | None = None
+    pos_embed_seq_len: int | None = None
     freq_dim: int = 256
     patch_size: tuple[int, int, int] = (1, 2, 2)
     cross_attn_norm: bool = True
@@ -73,6 +84,27 @@ class WanConfig(PatchedVideoDiT):
             )
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise ValueError(f"patch_size must be three positive ints, got {self.patch_size}")
+        for name in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"WanConfig.{name} must be positive or None, got {value}")
+        if (self.image_dim is None) != (self.added_kv_proj_dim is None):
+            raise ValueError(
+                "image_dim and added_kv_proj_dim go together (image tokens and the key/value "
+                f"projections that read them), got {self.image_dim} and {self.added_kv_proj_dim}"
+            )
+        if self.added_kv_proj_dim is not None and self.added_kv_proj_dim != self.dim:
+            raise ValueError(
+                f"added_kv_proj_dim must equal dim {self.dim} (it reads the embedded image "
+                f"tokens), got {self.added_kv_proj_dim}"
+            )
+        if self.pos_embed_seq_len is not None and self.image_dim is None:
+            raise ValueError("pos_embed_seq_len needs image_dim (it embeds image tokens)")
+        if self.in_channels < self.out_channels:
+            raise ValueError(
+                f"in_channels {self.in_channels} < out_channels {self.out_channels}: the input "
+                "is the latent plus optional condition channels"
+            )
         if self.freq_dim % 2:
             raise ValueError(f"freq_dim must be even, got {self.freq_dim}")
         for name in ("dtype", "param_dtype"):
@@ -104,6 +136,9 @@ def to_diffusers_config(config: WanConfig) -> dict:
         num_layers=config.num_layers,
         cross_attn_norm=config.cross_attn_norm,
         eps=config.eps,
+        image_dim=config.image_dim,
+        added_kv_proj_dim=config.added_kv_proj_dim,
+        pos_embed_seq_len=config.pos_embed_seq_len,
     )
 
 
@@ -118,6 +153,9 @@ _DIFFUSERS_KEYS = {
     "num_layers": "num_layers",
     "cross_attn_norm": "cross_attn_norm",
     "eps": "eps",
+    "image_dim": "image_dim",
+    "added_kv_proj_dim": "added_kv_proj_dim",
+    "pos_embed_seq_len": "pos_embed_seq_len",
 }
 
 
@@ -126,15 +164,10 @@ def from_diffusers_config(config: Mapping, **overrides) -> WanConfig:
     `overrides` set what a checkpoint does not say (text_len, dtypes).
 
     Raises:
-      ValueError: for options this port does not implement (image conditioning: Wan I2V;
-        another qk_norm), or unknown keys.
+      ValueError: for options this port does not implement (another qk_norm), or unknown
+        keys.
     """
-    required = {
-        "qk_norm": "rms_norm_across_heads",
-        "image_dim": None,  # the I2V image embedder
-        "added_kv_proj_dim": None,
-        "pos_embed_seq_len": None,
-    }
+    required = {"qk_norm": "rms_norm_across_heads"}
     # rope_max_seq_len only sizes diffusers' precomputed frequency table: vidax computes the
     # angles of the actual positions.
     fields = diffusers_fields(

@@ -9,7 +9,7 @@ from vidax.models.dit_config import load_converted
 from vidax.models.wan.config import WanConfig
 from vidax.models.wan.model import WanTransformer
 
-# Present in some exported checkpoints but unused by the T2V architecture (diffusers ignores it too).
+# Present in some exported checkpoints but unused by the architecture (diffusers ignores it too).
 IGNORED = ("blocks.*.attn2.norm_added_q.weight",)
 
 
@@ -44,6 +44,21 @@ def key_map(config: WanConfig) -> list[Rule]:
         *linear_rules("blocks.{i}.ffn.net.0.proj", "blocks.ffn.proj_in"),
         *linear_rules("blocks.{i}.ffn.net.2", "blocks.ffn.proj_out"),
     ]
+    if config.image_dim is not None:  # image-to-video: CLIP tokens, their keys and values
+        emb = "condition_embedder.image_embedder"
+        rules += [
+            Rule(f"{emb}.norm1.weight", "image_embedder.norm1.scale"),
+            Rule(f"{emb}.norm1.bias", "image_embedder.norm1.bias"),
+            *linear_rules(f"{emb}.ff.net.0.proj", "image_embedder.proj_in"),
+            *linear_rules(f"{emb}.ff.net.2", "image_embedder.proj_out"),
+            Rule(f"{emb}.norm2.weight", "image_embedder.norm2.scale"),
+            Rule(f"{emb}.norm2.bias", "image_embedder.norm2.bias"),
+            *linear_rules("blocks.{i}.attn2.add_k_proj", "blocks.attn2.add_k_proj"),
+            *linear_rules("blocks.{i}.attn2.add_v_proj", "blocks.attn2.add_v_proj"),
+            Rule("blocks.{i}.attn2.norm_added_k.weight", "blocks.attn2.norm_added_k.scale"),
+        ]
+        if config.pos_embed_seq_len is not None:
+            rules.append(Rule(f"{emb}.pos_embed", "image_embedder.pos_embed", table, table_inverse))
     if config.cross_attn_norm:
         rules += [
             Rule("blocks.{i}.norm2.weight", "blocks.norm2.scale"),

@@ -1,4 +1,4 @@
-"""The Wan 2.1 diffusion transformer in Flax NNX.
+"""The Wan 2.1 / 2.2 diffusion transformer in Flax NNX (text- and image-to-video).
 
 The forward pass is split into reusable stages so that samplers with unusual control flow
 (DVG's reduced grids, Sparse Forcing's chunked KV cache) compose them instead of copying:
@@ -43,24 +43,40 @@ class Conditioning:
     """Per-call conditioning shared by all blocks.
 
     temb: (b, 1|l, d) timestep embedding (head modulation); mod: (b, 1|l, 6, d) block modulation;
-    context: (b, s, d) projected text tokens. The `1|l` axis broadcasts over tokens unless the
-    caller passed per-token timesteps.
+    context: (b, s, d) projected text tokens; image: (b, s_img, d) embedded image tokens (image-
+    to-video models) or None. The `1|l` axis broadcasts over tokens unless the caller passed
+    per-token timesteps.
     """
 
     temb: jax.Array
     mod: jax.Array
     context: jax.Array
+    image: jax.Array | None = None
 
 
 jax.tree_util.register_dataclass(
-    Conditioning, data_fields=["temb", "mod", "context"], meta_fields=[]
+    Conditioning, data_fields=["temb", "mod", "context", "image"], meta_fields=[]
 )
 
 
 class WanAttention(nnx.Module):
-    """Multi-head attention with RMSNorm over the full width on q and k (Wan's qk-norm)."""
+    """Multi-head attention with RMSNorm over the full width on q and k (Wan's qk-norm).
 
-    def __init__(self, dim: int, num_heads: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs):
+    With `added_kv` (image-to-video cross-attention), image tokens get key/value projections
+    and a key norm of their own (`image_kv`).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        eps: float,
+        added_kv: bool = False,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.to_q = Linear(dim, dim, axes=("embed", "heads"), **kw)
         self.to_k = Linear(dim, dim, axes=("embed", "heads"), **kw)
@@ -68,7 +84,22 @@ class WanAttention(nnx.Module):
         self.to_out = Linear(dim, dim, axes=("heads", "embed"), **kw)
         self.norm_q = RMSNorm(dim, eps=eps, axes=("heads",), param_dtype=param_dtype)
         self.norm_k = RMSNorm(dim, eps=eps, axes=("heads",), param_dtype=param_dtype)
+        self.add_k_proj = Linear(dim, dim, axes=("embed", "heads"), **kw) if added_kv else None
+        self.add_v_proj = Linear(dim, dim, axes=("embed", "heads"), **kw) if added_kv else None
+        self.norm_added_k = (
+            RMSNorm(dim, eps=eps, axes=("heads",), param_dtype=param_dtype) if added_kv else None
+        )
         self.num_heads = num_heads
+
+    def image_kv(self, image: Float[Array, "b s d"]) -> tuple[jax.Array, jax.Array]:
+        """Keys and values (b, s, n, k) of embedded image tokens (no RoPE, like text)."""
+        if self.add_k_proj is None or self.add_v_proj is None or self.norm_added_k is None:
+            raise ValueError("this attention has no image key/value projections (added_kv)")
+        split = lambda y: rearrange(y, "b l (n k) -> b l n k", n=self.num_heads)
+        k = split(self.norm_added_k(self.add_k_proj(image)))
+        v = split(self.add_v_proj(image))
+        axes = ("batch", "image_tokens", "attn_heads", "head_dim")
+        return shard(k, axes), shard(v, axes)
 
     def qkv(
         self, x: Float[Array, "b l d"], context: Float[Array, "b s d"] | None = None, angles=None
@@ -105,7 +136,9 @@ class WanBlock(nnx.Module):
         c = config
         kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
         self.attn1 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
-        self.attn2 = WanAttention(c.dim, c.num_heads, eps=c.eps, **kw)
+        self.attn2 = WanAttention(
+            c.dim, c.num_heads, eps=c.eps, added_kv=c.image_dim is not None, **kw
+        )
         self.norm2 = (
             LayerNorm(c.dim, eps=c.eps, param_dtype=c.storage_dtype) if c.cross_attn_norm else None
         )
@@ -153,18 +186,61 @@ class WanBlock(nnx.Module):
 
         h = x if self.norm2 is None else self.norm2(x)
         q, k, v = self.attn2.qkv(h, cond.context)
-        x = x + self.attn2.out(attention(q, k, v, impl=self.attention_impl)).astype(dtype)
+        o = attention(q, k, v, impl=self.attention_impl)
+        if cond.image is not None:  # image-to-video: attend to the image tokens separately
+            k_img, v_img = self.attn2.image_kv(cond.image)
+            o = o + attention(q, k_img, v_img, impl=self.attention_impl)
+        x = x + self.attn2.out(o).astype(dtype)
 
         h = modulate(layer_norm(x, self.eps), c_shift, c_scale).astype(dtype)
         x = (x.astype(jnp.float32) + self.ffn(h).astype(jnp.float32) * c_gate).astype(dtype)
         return shard(x, ("batch", "tokens", "embed")), aux
 
 
-class WanTransformer(VideoDiT):
-    """Wan 2.1 text-to-video DiT: `(x, timestep, context) -> flow prediction v`.
+class WanImageEmbedder(nnx.Module):
+    """CLIP image tokens -> model width: LayerNorm -> Linear -> GELU -> Linear -> LayerNorm
+    (diffusers `WanImageEmbedding`; the norms in float32 with eps 1e-5), plus a learned position
+    embedding over two images' tokens for first-last-frame models."""
 
-    Inputs are channels-last latents. Blocks are created stacked (leading "layers" axis) and run
-    with `jax.lax.scan`, so compile time does not grow with depth.
+    def __init__(self, config: WanConfig, *, rngs: nnx.Rngs):
+        c = config
+        assert c.image_dim is not None
+        kw: dict[str, Any] = dict(dtype=c.compute_dtype, param_dtype=c.storage_dtype, rngs=rngs)
+        self.norm1 = LayerNorm(c.image_dim, eps=1e-5, param_dtype=c.storage_dtype)
+        self.proj_in = Linear(c.image_dim, c.image_dim, axes=("image_embed", "mlp"), **kw)
+        self.proj_out = Linear(c.image_dim, c.dim, axes=("mlp", "embed"), **kw)
+        self.norm2 = LayerNorm(c.dim, eps=1e-5, param_dtype=c.storage_dtype)
+        self.pos_embed = (
+            None
+            if c.pos_embed_seq_len is None
+            else param(
+                jnp.zeros((c.pos_embed_seq_len, c.image_dim), c.storage_dtype),
+                (None, "image_embed"),
+            )
+        )
+
+    def __call__(self, image: Float[Array, "b s e"]) -> Float[Array, "b s d"]:
+        if self.pos_embed is not None:  # two images' tokens share one sequence
+            b, s, e = image.shape
+            if b % 2 or 2 * s != self.pos_embed.shape[0]:
+                raise ValueError(
+                    "a first-last-frame model reads two images per video (consecutive rows, "
+                    f"{self.pos_embed.shape[0] // 2} tokens each), got image {image.shape}"
+                )
+            image = image.reshape(-1, 2 * s, e) + self.pos_embed[...].astype(image.dtype)[None]
+        h = self.norm1(image)
+        h = self.proj_out(jax.nn.gelu(self.proj_in(h), approximate=False))
+        return self.norm2(h)
+
+
+class WanTransformer(VideoDiT):
+    """Wan 2.1 / 2.2 DiT: `(x, timestep, context, image=None, condition=None) -> flow v`.
+
+    Inputs are channels-last latents. Image-to-video models also read CLIP image tokens
+    (`image`, Wan 2.1 I2V) and/or condition channels concatenated to the latent (`condition`:
+    first-frame mask and image latents, see `VideoDiT.__call__`). Blocks are created stacked
+    (leading "layers" axis) and run with `jax.lax.scan`, so compile time does not grow with
+    depth.
     """
 
     PATCH_EMBEDDING = "patch_embedding"
@@ -179,6 +255,7 @@ class WanTransformer(VideoDiT):
         self.text_embedder = MLPEmbedder(
             c.text_dim, c.dim, in_axis="text_embed", activation=gelu_tanh, **kw
         )
+        self.image_embedder = None if c.image_dim is None else WanImageEmbedder(c, rngs=rngs)
 
         self.blocks = stack_layers(c.num_layers, lambda rngs: WanBlock(c, rngs=rngs), rngs)
         self.proj_out = Linear(
@@ -190,21 +267,42 @@ class WanTransformer(VideoDiT):
     # -- stages ---------------------------------------------------------------------------------
 
     def condition(
-        self, timestep: Float[Array, " b"] | Float[Array, "b l"], context: Float[Array, "b s e"]
+        self,
+        timestep: Float[Array, " b"] | Float[Array, "b l"],
+        context: Float[Array, "b s e"],
+        image: Float[Array, "b s_img e_img"] | None = None,
     ) -> Conditioning:
-        """Timestep embedding, block modulation and projected text for one forward pass.
+        """Timestep embedding, block modulation, projected text and image tokens for one
+        forward pass.
 
-        `timestep` is (b,) in [0, 1000] or per token (b, l) (e.g. per-frame noise levels).
+        `timestep` is (b,) in [0, 1000] or per token (b, l) (e.g. per-frame noise levels);
+        `image` (b, s_img, image_dim) CLIP tokens (`config.image_dim`: required, else refused).
         """
         c = self.config
         if context.ndim != 3 or context.shape[-1] != c.text_dim:
             raise ValueError(f"context must be (b, s, {c.text_dim}), got {context.shape}")
+        if (image is None) != (self.image_embedder is None):
+            raise ValueError(
+                f"this Wan model reads CLIP image tokens: pass image=(b, s, {c.image_dim})"
+                if image is None
+                else "this Wan model has no image embedder (image_dim is None): image= is not "
+                "used by it"
+            )
         t = timestep if timestep.ndim == 2 else timestep[:, None]
         temb = self.time_embedder(timestep_embedding(t, c.freq_dim))  # (b, 1|l, d) f32
         mod = self.time_proj(jax.nn.silu(temb)).reshape(*temb.shape[:2], 6, c.dim)
         text = self.text_embedder(context.astype(c.compute_dtype))
+        tokens = None
+        if self.image_embedder is not None and image is not None:
+            if image.ndim != 3 or image.shape[-1] != c.image_dim:
+                raise ValueError(f"image must be (b, s, {c.image_dim}), got {image.shape}")
+            tokens = self.image_embedder(image.astype(c.compute_dtype))
+            tokens = shard(tokens.astype(c.compute_dtype), ("batch", "image_tokens", "embed"))
         return Conditioning(
-            temb=temb, mod=mod, context=shard(text, ("batch", "text_tokens", "embed"))
+            temb=temb,
+            mod=mod,
+            context=shard(text, ("batch", "text_tokens", "embed")),
+            image=tokens,
         )
 
     def run_blocks(
