@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -39,6 +40,7 @@ def scan_layers(
     *,
     xs: Any = None,
     remat: bool = False,
+    layers: int | None = None,
 ) -> Any:
     """Runs `carry = step(layer, carry)` over stacked layers under one `jax.lax.scan`.
 
@@ -52,9 +54,11 @@ def scan_layers(
             index, handed to `step` as its third argument.
         remat: recompute each layer's activations in the backward pass (`jax.checkpoint`)
             instead of keeping them.
+        layers: run only the first `layers` layers (default: all), e.g. to read an
+            intermediate hidden state without computing the layers after it.
 
     Returns:
-        The carry after the last layer.
+        The carry after the last layer run.
     """
     graphdef, state = nnx.split(stack)
 
@@ -65,5 +69,18 @@ def scan_layers(
 
     if remat:
         body = jax.checkpoint(body, prevent_cse=False)
+    if layers is not None:
+        total = jax.tree.leaves(state)[0].shape[0]
+        if not 0 <= layers <= total:
+            raise ValueError(f"scan_layers: layers must be in [0, {total}], got {layers}")
+        if layers < total:
+            # The first layers are indexed inside the loop rather than sliced off before it:
+            # XLA materialises a slice, a copy of (nearly) all the stacked parameters.
+            def first(carry, i):
+                index = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+                return body(carry, jax.tree.map(index, (state, xs)))
+
+            carry, _ = jax.lax.scan(first, carry, jnp.arange(layers))
+            return carry
     carry, _ = jax.lax.scan(body, carry, (state, xs))
     return carry
