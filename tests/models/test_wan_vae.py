@@ -1,4 +1,4 @@
-"""Wan 2.1 VAE: config validation, shapes, chunking invariances, bad input, checkpoints."""
+"""Wan 2.1 / 2.2 VAE: config validation, shapes, chunking invariances, bad input, checkpoints."""
 
 import dataclasses
 
@@ -24,11 +24,17 @@ from vidax.models.wan_vae import model as wan_vae_model
 from vidax.sharding import PARAM_AXES
 
 TINY = PRESETS["tiny"]
+WAN22 = PRESETS["wan2.2-tiny"]
 
 
 @pytest.fixture(scope="module")
 def vae():
     return WanVAE(TINY, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def wan22():
+    return WanVAE(WAN22, rngs=nnx.Rngs(0))
 
 
 # ---------------------------------------------------------------- config
@@ -46,6 +52,12 @@ def vae():
         ({"latents_std": (1.0,) * 15 + (0.0,)}, "positive"),
         ({"dtype": "int8"}, "dtype"),
         ({"conv_impl": "fast"}, "conv_impl"),
+        ({"patch_size": 0, "in_channels": 12}, "patch_size must be positive"),
+        ({"patch_size": 2}, "in_channels=3 must be a multiple of patch_size\\*\\*2=4"),
+        ({"patch_size": 2, "in_channels": 12}, "out_channels=3 must be a multiple"),
+        ({"is_residual": True, "attn_scales": (1.0,)}, "no attention"),
+        # The last stage's shortcut would average 4 channels down to 8.
+        ({"is_residual": True, "dim_mult": (1, 2, 4, 8)}, "encoder stage 384 -> 768"),
     ],
 )
 def test_config_rejects_inconsistent_fields(kwargs, match):
@@ -61,6 +73,28 @@ def test_config_derived_sizes():
     assert wan.decoder_dims == (384, 384, 384, 192, 96)
     small = WanVAEConfig(dim_mult=(1, 2, 2), temperal_downsample=(True, False))
     assert (small.spatial_factor, small.temporal_factor) == (4, 2)
+    wan22 = PRESETS["wan2.2-vae"]
+    assert (wan22.spatial_factor, wan22.temporal_factor) == (16, 4)  # 8x downsampling x 2x2 patches
+    assert (wan22.video_in_channels, wan22.video_out_channels) == (3, 3)
+    assert wan22.latent_frames(121) == 31
+    assert wan22.encoder_stages == (
+        (160, 160, "downsample2d"),
+        (160, 320, "downsample3d"),
+        (320, 640, "downsample3d"),
+        (640, 640, None),
+    )
+    # Residual up stages keep their input channels (Wan 2.1's upsamplers halve them).
+    assert wan22.decoder_layout == (
+        (1024, 1024, "upsample3d"),
+        (1024, 1024, "upsample3d"),
+        (1024, 512, "upsample2d"),
+        (512, 256, None),
+    )
+    assert wan.decoder_layout[1:] == (
+        (192, 384, "upsample3d"),
+        (192, 192, "upsample2d"),
+        (96, 96, None),
+    )
     # Lists (as in a diffusers config.json) are stored as tuples, so configs stay hashable.
     assert hash(WanVAEConfig(dim_mult=[1, 2], temperal_downsample=[False]))
 
@@ -90,18 +124,30 @@ def test_from_diffusers_config():
     )
     assert cfg.dim_mult == (1, 2) and cfg.temperal_downsample == (True,)
     assert cfg.latents_mean is None and cfg.latents_std is None
-    with pytest.raises(ValueError, match="is_residual"):
-        from_diffusers_config({"is_residual": True})
-    with pytest.raises(ValueError, match="patch_size"):
-        from_diffusers_config({"patch_size": 2})
+    assert not cfg.is_residual and cfg.patch_size is None
+    # Wan 2.2, as its conversion script writes it (`clip_output` is no AutoencoderKLWan argument).
+    wan22 = from_diffusers_config(
+        {
+            **to_diffusers_config(PRESETS["wan2.2-vae"]),
+            "clip_output": False,
+            "scale_factor_spatial": 16,
+        }
+    )
+    assert wan22 == PRESETS["wan2.2-vae"]
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        from_diffusers_config({"patch_size": 2})  # diffusers' default in_channels=3
     with pytest.raises(ValueError, match="unknown"):
         from_diffusers_config({"base_dimm": 8})
     with pytest.raises(ValueError, match="latents_mean has 3 values"):
         from_diffusers_config({"z_dim": 4, "latents_mean": [0.0, 1.0, 2.0]})
 
 
-def test_wan21_preset_size_and_key_map_coverage():
-    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS["wan2.1"], rngs=nnx.Rngs(0)))
+# diffusers' AutoencoderKLWan() has 126,892,531 parameters; with the Wan 2.2 arguments
+# (base_dim=160, decoder_base_dim=256, z_dim=48, is_residual, patch_size=2, 12 channels)
+# 704,688,668.
+@pytest.mark.parametrize(("preset", "size"), [("wan2.1", 126_892_531), ("wan2.2-vae", 704_688_668)])
+def test_preset_size_and_key_map_coverage(preset, size):
+    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS[preset], rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     flat = {
         ".".join(str(getattr(k, "key", k)) for k in path): v
@@ -109,9 +155,8 @@ def test_wan21_preset_size_and_key_map_coverage():
             params, is_leaf=lambda v: isinstance(v, nnx.Variable)
         )[0]
     }
-    # diffusers' AutoencoderKLWan() has 126,892,531 parameters.
-    assert sum(int(np.prod(v.get_value().shape)) for v in flat.values()) == 126_892_531
-    rules = key_map(PRESETS["wan2.1"])
+    assert sum(int(np.prod(v.get_value().shape)) for v in flat.values()) == size
+    rules = key_map(PRESETS[preset])
     assert sorted(r.target for r in rules) == sorted(flat)
     assert len({r.source for r in rules}) == len(rules)
     for v in flat.values():
@@ -222,6 +267,39 @@ def test_reconstruction_loss_has_finite_gradients():
     assert sum(float(jnp.abs(v).sum()) for v in g) > 0
 
 
+def test_wan22_shapes_and_chunking_invariances(wan22):
+    """Wan 2.2: 16x16 pixels per latent, and the parameter-free shortcuts see the same frames
+    whatever the chunking (chunks split time at multiples of the temporal strides). The parity
+    tests check diffusers' chunking, frame 0 then one chunk per 4 frames or latent frame."""
+    x = video((1, 9, 32, 48, 3))
+    z = wan22.encode(x)
+    assert z.shape == (1, 3, 2, 3, 4) and z.dtype == jnp.float32
+    one_step = wan22.encode(x, frames_per_step=8)
+    scale = float(jnp.abs(z).max())
+    np.testing.assert_allclose(one_step, z, rtol=0, atol=1e-5 * scale)
+
+    zs = latents((1, 3, 2, 3, 4))
+    pixels = wan22.decode(zs)
+    assert pixels.shape == (1, 9, 32, 48, 3)
+    assert float(jnp.mean(jnp.abs(pixels) < 1)) > 0.5  # mostly unclamped, so comparable
+    np.testing.assert_allclose(wan22.decode(zs, latents_per_step=2), pixels, rtol=0, atol=1e-5)
+
+
+def test_patchify_round_trips_and_shortcuts_invert():
+    x = video((2, 3, 4, 6, 3))
+    patches = wan_vae_model.patchify(x, 2)
+    assert patches.shape == (2, 3, 2, 3, 12)
+    # Channel c * 4 + j * 2 + i holds the pixel at row i, column j of each patch.
+    np.testing.assert_array_equal(patches[:, :, :, :, 1 * 4 + 1 * 2 + 0], x[:, :, 0::2, 1::2, 1])
+    np.testing.assert_array_equal(wan_vae_model.unpatchify(patches, 2), x)
+    # avg_down averages exactly the copies dup_up makes.
+    h = video((2, 2, 3, 2, 8))
+    up = wan_vae_model.dup_up(h, 4, 2, 2, first=False)
+    assert up.shape == (2, 4, 6, 4, 4)
+    np.testing.assert_allclose(wan_vae_model.avg_down(up, 8, 2, 2), h, rtol=0, atol=1e-6)
+    assert wan_vae_model.dup_up(h, 4, 2, 2, first=True).shape == (2, 3, 6, 4, 4)
+
+
 # ---------------------------------------------------------------- tiling
 
 
@@ -254,6 +332,13 @@ def test_tiling_blends_to_the_untiled_result_for_a_local_map():
 def test_encode_rejects_bad_video(vae, shape, match):
     with pytest.raises(ValueError, match=match):
         vae.encode(jnp.zeros(shape))
+
+
+def test_wan22_encode_takes_pixels_not_patches(wan22):
+    with pytest.raises(ValueError, match="12 channels, expected 3"):
+        wan22.encode(jnp.zeros((1, 5, 16, 16, 12)))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        wan22.encode(jnp.zeros((1, 5, 24, 16, 3)))
 
 
 def test_decode_rejects_bad_latents_and_tiles(vae):

@@ -1,4 +1,7 @@
-"""WanVAE vs diffusers `AutoencoderKLWan`: random tiny models through the real checkpoint path."""
+"""WanVAE vs diffusers `AutoencoderKLWan` (Wan 2.1 and Wan 2.2): random tiny models through the
+real checkpoint path."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,9 @@ from vidax.models.wan_vae import (  # noqa: E402
     load,
     save,
 )
+from vidax.models.wan_vae import model as wan_vae_model  # noqa: E402
+
+wan_torch = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
 
 pytestmark = pytest.mark.reference
 
@@ -53,6 +59,36 @@ VARIANT_DIFFUSERS = {
 }
 
 
+# Wan 2.2's topology (2x2 patches, residual stages, 16x spatial, 4x temporal; the third decoder
+# stage halves its channels) at tiny widths, written as diffusers spells it.
+WAN22 = PRESETS["wan2.2-tiny"]
+WAN22_DIFFUSERS = {
+    "base_dim": 4,
+    "decoder_base_dim": 6,
+    "z_dim": 4,
+    "num_res_blocks": 1,
+    "in_channels": 12,
+    "out_channels": 12,
+    "is_residual": True,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "latents_mean": list(WAN22.latents_mean),
+    "latents_std": list(WAN22.latents_std),
+}
+# The Wan2.2-TI2V-5B VAE's architecture, as diffusers' convert_wan_to_diffusers.py writes it.
+WAN22_FULL_DIFFUSERS = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "in_channels": 12,
+    "out_channels": 12,
+    "is_residual": True,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+}
+
+
 def _pair(config: dict, path):
     return saved_pair(diffusers.AutoencoderKLWan, config, path, load, from_diffusers_config)
 
@@ -65,6 +101,11 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def variant(tmp_path_factory):
     return _pair(VARIANT_DIFFUSERS, tmp_path_factory.mktemp("wan_vae_variant"))
+
+
+@pytest.fixture(scope="module")
+def wan22(tmp_path_factory):
+    return _pair(WAN22_DIFFUSERS, tmp_path_factory.mktemp("wan22_vae_tiny"))
 
 
 def _stats(vae):
@@ -191,8 +232,9 @@ def test_encoder_attention_matches_diffusers(tmp_path):
     assert_close(mu, from_torch(h)[..., : config["z_dim"]], RTOL, "encoder with attention")
 
 
-def test_saved_checkpoint_is_the_diffusers_state_dict(tiny, tmp_path):
-    ref, vae = tiny
+@pytest.mark.parametrize(("pair", "config"), [("tiny", TINY_DIFFUSERS), ("wan22", WAN22_DIFFUSERS)])
+def test_saved_checkpoint_is_the_diffusers_state_dict(pair, config, request, tmp_path):
+    ref, vae = request.getfixturevalue(pair)
     save(vae, tmp_path / "vae.safetensors")
     saved = safetensors_torch.load_file(tmp_path / "vae.safetensors")
     want = ref.state_dict()
@@ -200,22 +242,31 @@ def test_saved_checkpoint_is_the_diffusers_state_dict(tiny, tmp_path):
     for key, value in want.items():
         assert saved[key].shape == value.shape, key
         torch.testing.assert_close(saved[key], value, rtol=0, atol=0, msg=key)
-    fresh = diffusers.AutoencoderKLWan(**TINY_DIFFUSERS)
+    fresh = diffusers.AutoencoderKLWan(**config)
     fresh.load_state_dict(saved, strict=True)
 
 
-def test_key_map_covers_the_full_wan21_checkpoint():
+@pytest.mark.parametrize(
+    ("preset", "config"), [("wan2.1", {}), ("wan2.2-vae", WAN22_FULL_DIFFUSERS)]
+)
+def test_key_map_covers_the_full_checkpoint(preset, config):
+    # The preset is the diffusers architecture (latent statistics aside: diffusers' defaults
+    # are Wan 2.1's, which the Wan 2.2 preset replaces with its own 48).
+    stats = dict(latents_mean=None, latents_std=None)
+    assert dataclasses.replace(from_diffusers_config(config), **stats) == dataclasses.replace(
+        PRESETS[preset], **stats
+    )
     with torch.device("meta"):
-        ref = diffusers.AutoencoderKLWan()
+        ref = diffusers.AutoencoderKLWan(**config)
     shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
-    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS["wan2.1"], rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: WanVAE(PRESETS[preset], rngs=nnx.Rngs(0)))
     params = {
         ".".join(str(getattr(k, "key", k)) for k in path): v.get_value()
         for path, v in jax.tree_util.tree_flatten_with_path(
             nnx.state(abstract, nnx.Param), is_leaf=lambda v: isinstance(v, nnx.Variable)
         )[0]
     }
-    rules = key_map(PRESETS["wan2.1"])
+    rules = key_map(PRESETS[preset])
     assert sorted(r.source for r in rules) == sorted(shapes)
     for rule in rules:
         src = jax.ShapeDtypeStruct(shapes[rule.source], jnp.float32)
@@ -223,3 +274,88 @@ def test_key_map_covers_the_full_wan21_checkpoint():
         assert got.shape == params[rule.target].shape, rule
         if rule.inverse is not None:
             assert jax.eval_shape(rule.inverse, got).shape == src.shape, rule
+
+
+# ---------------------------------------------------------------- Wan 2.2
+
+
+def test_wan22_config_round_trips_through_diffusers(wan22):
+    ref, vae = wan22
+    assert vae.config == WAN22
+    assert vae.config.spatial_factor == ref.config.scale_factor_spatial == 16
+    assert (vae.config.temporal_factor, vae.config.video_in_channels) == (4, 3)
+
+
+def test_wan22_encode_matches_diffusers(wan22):
+    # 9 frames at 32x48 pixels: frame 0, then two 4-frame chunks -> 3 x 2 x 3 latents.
+    _check_encode(*wan22, (1, 9, 32, 48, 3))
+
+
+def test_wan22_decode_matches_diffusers(wan22):
+    # 3 latent frames -> 9 frames: the first chunk's single frames (time upsample and dup_up
+    # shortcut alike), then two chunks through the caches, then unpatchify and clamp.
+    _check_decode(*wan22, (2, 3, 2, 3, 4))
+
+
+def test_wan22_tiled_decode_matches_diffusers(wan22):
+    ref, vae = wan22
+    # 48x48 px frames in 32 px tiles every 16 px: 3x3 tiles, blended over 8 patch rows/columns
+    # (one latent frame: the blend is what is new, and the first chunk compiles fastest).
+    ref.enable_tiling(
+        tile_sample_min_height=32,
+        tile_sample_min_width=32,
+        tile_sample_stride_height=16,
+        tile_sample_stride_width=16,
+    )
+    try:
+        z, tiled = _check_decode(ref, vae, (1, 1, 3, 3, 4), tile_size=32, tile_stride=16)
+    finally:
+        ref.disable_tiling()
+    assert float(jnp.abs(tiled - vae.decode(jnp.asarray(z))).max()) > 1e-2  # really tiled
+
+
+@pytest.mark.slow
+def test_wan22_tiled_encode_matches_diffusers(wan22):
+    ref, vae = wan22
+    # diffusers tiles the patchified video: its 16 (8) are our 32 (16) pixels.
+    ref.enable_tiling(
+        tile_sample_min_height=16,
+        tile_sample_min_width=16,
+        tile_sample_stride_height=8,
+        tile_sample_stride_width=8,
+    )
+    try:
+        _check_encode(ref, vae, (1, 5, 48, 48, 3), tile_size=32, tile_stride=16)
+    finally:
+        ref.disable_tiling()
+
+
+def test_patchify_matches_diffusers():
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 6, 3)).astype(np.float32)
+    want = from_torch(wan_torch.patchify(to_torch(x), 2))
+    got = wan_vae_model.patchify(jnp.asarray(x), 2)
+    np.testing.assert_array_equal(got, want)
+    back = from_torch(wan_torch.unpatchify(to_torch(want), 2))
+    np.testing.assert_array_equal(wan_vae_model.unpatchify(got, 2), back)
+
+
+@pytest.mark.parametrize(
+    ("in_dim", "out_dim", "factor_t", "t"), [(4, 8, 2, 4), (8, 8, 2, 1), (8, 4, 1, 3)]
+)
+def test_avg_down_matches_diffusers(in_dim, out_dim, factor_t, t):
+    """t = 1 with factor_t = 2 is the first chunk, padded with a zero frame in front."""
+    x = np.random.default_rng(0).standard_normal((2, t, 4, 6, in_dim)).astype(np.float32)
+    ref = wan_torch.AvgDown3D(in_dim, out_dim, factor_t=factor_t, factor_s=2)
+    want = from_torch(ref(to_torch(x)))
+    got = wan_vae_model.avg_down(jnp.asarray(x), out_dim, factor_t, 2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize(("in_dim", "out_dim", "factor_t"), [(8, 8, 2), (8, 4, 1), (4, 4, 2)])
+def test_dup_up_matches_diffusers(in_dim, out_dim, factor_t, first):
+    x = np.random.default_rng(0).standard_normal((2, 2, 3, 2, in_dim)).astype(np.float32)
+    ref = wan_torch.DupUp3D(in_dim, out_dim, factor_t=factor_t, factor_s=2)
+    want = from_torch(ref(to_torch(x), first_chunk=first))
+    got = wan_vae_model.dup_up(jnp.asarray(x), out_dim, factor_t, 2, first=first)
+    np.testing.assert_array_equal(got, want)

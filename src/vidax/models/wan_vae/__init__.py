@@ -1,4 +1,4 @@
-"""The Wan 2.1 causal 3D VAE: config, NNX model, diffusers key map and loader."""
+"""The Wan 2.1 and Wan 2.2 causal 3D VAEs: config, NNX model, diffusers key map and loader."""
 
 from vidax.models.wan_vae.config import (
     PRESETS,

@@ -3,7 +3,9 @@
 Layouts (see `vidax.models.vae_convert`): Conv3d, Conv2d, RMS norm gamma (c, 1, 1, 1) or, in
 attention, (c, 1, 1).
 Module paths mirror diffusers except `resample.1` -> `conv` (the Conv2d inside a torch
-Sequential) and `upsamplers.0` -> `upsampler`.
+Sequential) and, in Wan 2.1's decoder, `upsamplers.0` -> `upsampler`. Wan 2.2's residual stages
+(`encoder.down_blocks.i.{resnets.j, downsampler}`, `decoder.up_blocks.i.{resnets.j, upsampler}`)
+keep diffusers' names; their shortcuts have no parameters.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from vidax.models.vae_convert import (
     save_vae,
 )
 from vidax.models.wan_vae.config import PRESETS, WanVAEConfig
-from vidax.models.wan_vae.model import WanVAE, decoder_layout, encoder_layout
+from vidax.models.wan_vae.model import WanVAE, encoder_layout
 
 
 def _residual(prefix: str, in_dim: int, out_dim: int) -> list[Rule]:
@@ -53,6 +55,14 @@ def _resample(source: str, target: str, mode: str) -> list[Rule]:
     return rules
 
 
+def _stage(prefix: str, num: int, in_dim: int, out_dim: int) -> list[Rule]:
+    """The `num` residual blocks `{prefix}.resnets.j` of a stage from in_dim to out_dim."""
+    rules = []
+    for j in range(num):
+        rules += _residual(f"{prefix}.resnets.{j}", in_dim if j == 0 else out_dim, out_dim)
+    return rules
+
+
 def _mid(prefix: str) -> list[Rule]:
     return [
         *_residual(f"{prefix}.resnets.0", 1, 1),
@@ -78,20 +88,28 @@ def key_map(config: WanVAEConfig) -> list[Rule]:
         *conv_rules("quant_conv", "quant_conv", CONV3D),
         *conv_rules("post_quant_conv", "post_quant_conv", CONV3D),
     ]
-    for n, (kind, *sizes) in enumerate(encoder_layout(config)):
-        prefix = f"encoder.down_blocks.{n}"
-        if kind == "res":
-            rules += _residual(prefix, *sizes)
-        elif kind == "attn":
-            rules += _attention(prefix)
-        else:
-            rules += _resample(prefix, prefix, kind)
-    for i, (in_dim, out_dim, mode) in enumerate(decoder_layout(config)):
+    if config.is_residual:
+        for i, (in_dim, out_dim, mode) in enumerate(config.encoder_stages):
+            prefix = f"encoder.down_blocks.{i}"
+            rules += _stage(prefix, config.num_res_blocks, in_dim, out_dim)
+            if mode is not None:
+                rules += _resample(f"{prefix}.downsampler", f"{prefix}.downsampler", mode)
+    else:
+        for n, (kind, *sizes) in enumerate(encoder_layout(config)):
+            prefix = f"encoder.down_blocks.{n}"
+            if kind == "res":
+                rules += _residual(prefix, *sizes)
+            elif kind == "attn":
+                rules += _attention(prefix)
+            else:
+                rules += _resample(prefix, prefix, kind)
+    # Wan 2.1's upsampler sits in a one-element ModuleList, Wan 2.2's does not.
+    upsampler = "upsampler" if config.is_residual else "upsamplers.0"
+    for i, (in_dim, out_dim, mode) in enumerate(config.decoder_layout):
         prefix = f"decoder.up_blocks.{i}"
-        for j in range(config.num_res_blocks + 1):
-            rules += _residual(f"{prefix}.resnets.{j}", in_dim if j == 0 else out_dim, out_dim)
+        rules += _stage(prefix, config.num_res_blocks + 1, in_dim, out_dim)
         if mode is not None:
-            rules += _resample(f"{prefix}.upsamplers.0", f"{prefix}.upsampler", mode)
+            rules += _resample(f"{prefix}.{upsampler}", f"{prefix}.upsampler", mode)
     return rules
 
 

@@ -1,4 +1,5 @@
-"""The Wan 2.1 causal 3D VAE (diffusers `AutoencoderKLWan`) in Flax NNX, channels-last.
+"""The Wan 2.1 and Wan 2.2 causal 3D VAEs (diffusers `AutoencoderKLWan`) in Flax NNX,
+channels-last.
 
 Video runs through the encoder and decoder chunk by chunk over time, as in diffusers: the
 encoder sees frame 0 alone and then 4-frame chunks, the decoder one latent frame at a time.
@@ -10,11 +11,16 @@ one chunk long. The chunks after the first are a `jax.lax.scan` whose carry is t
 Every temporal module is `(x, cache) -> (y, cache)`. `cache is None` marks the first chunk: convs
 pad with zeros, a temporal upsample passes its one frame through (diffusers' "Rep" state), a
 temporal downsample keeps its frame and only starts striding from the next chunk.
+
+Wan 2.2 (`is_residual`, `patch_size`) adds two things. Pixels enter the encoder as p x p
+patches folded into channels and leave the decoder unfolded (`patchify`, `unpatchify`). Each
+encoder stage (`DownBlock`) adds its input averaged down to its output's shape (`avg_down`), and
+each decoder up stage adds its input repeated up to its output's (`dup_up`). Both shortcuts are
+stateless within a chunk: chunks split time at multiples of the temporal strides.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -231,20 +237,33 @@ class Resample(nnx.Module):
     """2x spatial up/downsampling per frame, optionally 2x in time through a causal `time_conv`.
 
     Args:
-      dim: input channels; upsampling halves them (diffusers' default `upsample_out_dim`).
+      dim: input channels.
       mode: "upsample2d", "upsample3d", "downsample2d" or "downsample3d".
+      out_dim: output channels of an upsample (None: dim // 2, diffusers' default
+        `upsample_out_dim`; Wan 2.2's residual decoder keeps dim). Downsamples keep dim.
     """
 
     MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
     time_conv: CausalConv3d | None
 
-    def __init__(self, dim: int, mode: str, *, dtype, param_dtype, conv_impl: str, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        dim: int,
+        mode: str,
+        *,
+        out_dim: int | None = None,
+        dtype,
+        param_dtype,
+        conv_impl: str,
+        rngs: nnx.Rngs,
+    ):
         if mode not in self.MODES:
             raise ValueError(f"unknown resample mode {mode!r}; choose from {self.MODES}")
         kw: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.mode = mode
         if mode.startswith("up"):
-            self.conv = Conv2d(dim, dim // 2, 3, padding=((1, 1), (1, 1)), **kw)
+            out = dim // 2 if out_dim is None else out_dim
+            self.conv = Conv2d(dim, out, 3, padding=((1, 1), (1, 1)), **kw)
         else:
             # torch ZeroPad2d((0, 1, 0, 1)): one row/column of zeros at the bottom/right.
             self.conv = Conv2d(dim, dim, 3, stride=2, padding=((0, 1), (0, 1)), **kw)
@@ -302,34 +321,80 @@ class MidBlock(nnx.Module):
 
 
 def encoder_layout(config: WanVAEConfig) -> list[tuple]:
-    """The encoder's `down_blocks`, in order, as ("res", in, out) | ("attn", c) | (mode, c)."""
-    dims = config.encoder_dims
+    """Wan 2.1's encoder `down_blocks`, in order, as ("res", in, out) | ("attn", c) | (mode, c).
+
+    (Wan 2.2's residual encoder has one `DownBlock` per `config.encoder_stages` entry instead.)
+    """
     layers: list[tuple] = []
-    last = len(config.dim_mult) - 1
-    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
+    for i, (in_dim, out_dim, mode) in enumerate(config.encoder_stages):
         for _ in range(config.num_res_blocks):
             layers.append(("res", in_dim, out_dim))
             if config.encoder_scales[i] in config.attn_scales:
                 layers.append(("attn", out_dim))
             in_dim = out_dim
-        if i != last:
-            mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+        if mode is not None:
             layers.append((mode, out_dim))
     return layers
 
 
-def decoder_layout(config: WanVAEConfig) -> list[tuple[int, int, str | None]]:
-    """The decoder's `up_blocks` as (in channels, out channels, upsample mode or None)."""
-    dims = config.decoder_dims
-    temporal_up = config.temperal_downsample[::-1]
-    last = len(config.dim_mult) - 1
-    blocks = []
-    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
-        # Every up stage but the first follows an upsample that halved the channels.
-        in_dim = in_dim // 2 if i > 0 else in_dim
-        mode = None if i == last else ("upsample3d" if temporal_up[i] else "upsample2d")
-        blocks.append((in_dim, out_dim, mode))
-    return blocks
+def patchify(x: Float[Array, "b t h w c"], p: int | None) -> Float[Array, "b t h2 w2 c2"]:
+    """Folds p x p pixel patches into channels, (b, t, h, w, c) -> (b, t, h / p, w / p, c * p * p),
+    in diffusers' order: channel c * p * p + j * p + i holds the pixel at row i, column j of a
+    patch (unlike the DiT patchify, the column varies slower). p None or 1: x unchanged."""
+    if p is None or p == 1:
+        return x
+    b, t, h, w, c = x.shape
+    x = x.reshape(b, t, h // p, p, w // p, p, c)
+    return x.transpose(0, 1, 2, 4, 6, 5, 3).reshape(b, t, h // p, w // p, c * p * p)
+
+
+def unpatchify(x: Float[Array, "b t h w c"], p: int | None) -> Float[Array, "b t h2 w2 c2"]:
+    """The inverse of `patchify`: (b, t, h, w, c * p * p) -> (b, t, h * p, w * p, c)."""
+    if p is None or p == 1:
+        return x
+    b, t, h, w, cp = x.shape
+    x = x.reshape(b, t, h, w, cp // (p * p), p, p)
+    return x.transpose(0, 1, 2, 6, 3, 5, 4).reshape(b, t, h * p, w * p, cp // (p * p))
+
+
+def avg_down(
+    x: Float[Array, "b t h w c"], out_dim: int, factor_t: int, factor_s: int
+) -> Float[Array, "b t2 h2 w2 c2"]:
+    """Wan 2.2's down shortcut (diffusers `AvgDown3D`): space-to-depth by (factor_t, factor_s,
+    factor_s), then the mean of each group of consecutive channels, down to `out_dim`.
+
+    A chunk whose length is not a multiple of factor_t (the first frame) gets zero frames in
+    front, as in diffusers.
+    """
+    b, t, h, w, c = x.shape
+    pad = -t % factor_t
+    if pad:
+        x = jnp.pad(x, ((0, 0), (pad, 0), (0, 0), (0, 0), (0, 0)))
+        t += pad
+    ft, fs = factor_t, factor_s
+    x = x.reshape(b, t // ft, ft, h // fs, fs, w // fs, fs, c)
+    # Channels in diffusers' order: c, then the offsets in time, height, width.
+    x = x.transpose(0, 1, 3, 5, 7, 2, 4, 6)
+    x = x.reshape(b, t // ft, h // fs, w // fs, out_dim, c * ft * fs * fs // out_dim)
+    return jnp.mean(x, axis=-1)
+
+
+def dup_up(
+    x: Float[Array, "b t h w c"], out_dim: int, factor_t: int, factor_s: int, *, first: bool
+) -> Float[Array, "b t2 h2 w2 c2"]:
+    """Wan 2.2's up shortcut (diffusers `DupUp3D`): each channel repeated, then depth-to-space
+    by (factor_t, factor_s, factor_s), the inverse arrangement of `avg_down`.
+
+    Args:
+      first: the clip's first chunk, whose frame upsamples to one frame (the last of the
+        factor_t), as the temporal upsample of the main path keeps it single.
+    """
+    b, t, h, w, c = x.shape
+    ft, fs = factor_t, factor_s
+    x = jnp.repeat(x, out_dim * ft * fs * fs // c, axis=-1)
+    x = x.reshape(b, t, h, w, out_dim, ft, fs, fs).transpose(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(b, t * ft, h * fs, w * fs, out_dim)
+    return x[:, ft - 1 :] if first else x
 
 
 def _kw(config: WanVAEConfig, rngs: nnx.Rngs) -> dict:
@@ -342,39 +407,9 @@ def _kw(config: WanVAEConfig, rngs: nnx.Rngs) -> dict:
     )
 
 
-class Encoder(nnx.Module):
-    """Pixels (b, t, H, W, c_in) -> latent moments (b, t', H/s, W/s, 2 z)."""
-
-    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
-        conv = _kw(config, rngs)
-        kw = {k: v for k, v in conv.items() if k != "conv_impl"}
-        dims = config.encoder_dims
-        self.conv_in = CausalConv3d(config.in_channels, dims[0], **conv)
-        layers: list[nnx.Module] = []
-        for kind, *sizes in encoder_layout(config):
-            if kind == "res":
-                layers.append(ResidualBlock(*sizes, **conv))
-            elif kind == "attn":
-                layers.append(AttentionBlock(*sizes, **kw))
-            else:
-                (dim,) = sizes
-                layers.append(Resample(dim, kind, **conv))
-        self.down_blocks = nnx.List(layers)
-        self.mid_block = MidBlock(dims[-1], **conv)
-        self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
-        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, **conv)
-
-    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
-        c_in, c_layers, c_mid, c_out = (None, None, None, None) if cache is None else cache
-        x, c_in = self.conv_in(x, c_in)
-        x, c_layers = stream_through(self.down_blocks, x, c_layers)
-        x, c_mid = self.mid_block(x, c_mid)
-        x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
-        return x, (c_in, c_layers, c_mid, c_out)
-
-
-class UpBlock(nnx.Module):
-    """`num` residual blocks, then an optional `Resample` upsample."""
+class DownBlock(nnx.Module):
+    """Wan 2.2's encoder stage: `num` residual blocks and an optional `Resample` downsample,
+    plus the stage's input averaged down to the output's shape (`avg_down`)."""
 
     def __init__(
         self,
@@ -394,10 +429,87 @@ class UpBlock(nnx.Module):
         self.resnets = nnx.List(
             [ResidualBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
         )
-        self.upsampler = Resample(out_dim, mode, **kw) if mode else None
+        self.downsampler = Resample(out_dim, mode, **kw) if mode else None
+        self.shortcut = (out_dim, 2 if mode == "downsample3d" else 1, 2 if mode else 1)
 
     def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
-        return stream_stage(self.resnets, self.upsampler, x, cache)
+        y, cache = stream_stage(self.resnets, self.downsampler, x, cache)
+        return y + avg_down(x, *self.shortcut).astype(y.dtype), cache
+
+
+class Encoder(nnx.Module):
+    """Pixels (b, t, H, W, c_in) -> latent moments (b, t', H/s, W/s, 2 z)."""
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
+        conv = _kw(config, rngs)
+        kw = {k: v for k, v in conv.items() if k != "conv_impl"}
+        dims = config.encoder_dims
+        self.patch_size = config.patch_size
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], **conv)
+        layers: list[nnx.Module] = []
+        if config.is_residual:
+            for in_dim, out_dim, mode in config.encoder_stages:
+                layers.append(DownBlock(in_dim, out_dim, config.num_res_blocks, mode, **conv))
+        else:
+            for kind, *sizes in encoder_layout(config):
+                if kind == "res":
+                    layers.append(ResidualBlock(*sizes, **conv))
+                elif kind == "attn":
+                    layers.append(AttentionBlock(*sizes, **kw))
+                else:
+                    (dim,) = sizes
+                    layers.append(Resample(dim, kind, **conv))
+        self.down_blocks = nnx.List(layers)
+        self.mid_block = MidBlock(dims[-1], **conv)
+        self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
+        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, **conv)
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        c_in, c_layers, c_mid, c_out = (None, None, None, None) if cache is None else cache
+        x, c_in = self.conv_in(patchify(x, self.patch_size), c_in)
+        x, c_layers = stream_through(self.down_blocks, x, c_layers)
+        x, c_mid = self.mid_block(x, c_mid)
+        x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
+        return x, (c_in, c_layers, c_mid, c_out)
+
+
+class UpBlock(nnx.Module):
+    """`num` residual blocks, then an optional `Resample` upsample.
+
+    With `residual` (Wan 2.2) the upsample keeps its channels and an upsampling stage adds its
+    input repeated up to the output's shape (`dup_up`).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        num: int,
+        mode: str | None,
+        *,
+        residual: bool = False,
+        dtype,
+        param_dtype,
+        conv_impl: str,
+        rngs,
+    ):
+        kw: dict[str, Any] = dict(
+            dtype=dtype, param_dtype=param_dtype, conv_impl=conv_impl, rngs=rngs
+        )
+        self.resnets = nnx.List(
+            [ResidualBlock(in_dim if j == 0 else out_dim, out_dim, **kw) for j in range(num)]
+        )
+        up_dim = out_dim if residual else None
+        self.upsampler = Resample(out_dim, mode, out_dim=up_dim, **kw) if mode else None
+        self.shortcut = (
+            (out_dim, 2 if mode == "upsample3d" else 1, 2) if residual and mode else None
+        )
+
+    def __call__(self, x: Float[Array, "b t h w c"], cache: Cache) -> tuple[Array, Cache]:
+        y, new_cache = stream_stage(self.resnets, self.upsampler, x, cache)
+        if self.shortcut is not None:
+            y = y + dup_up(x, *self.shortcut, first=cache is None).astype(y.dtype)
+        return y, new_cache
 
 
 class Decoder(nnx.Module):
@@ -406,12 +518,13 @@ class Decoder(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
         kw = _kw(config, rngs)
         dims = config.decoder_dims
+        self.patch_size = config.patch_size
         self.conv_in = CausalConv3d(config.z_dim, dims[0], **kw)
         self.mid_block = MidBlock(dims[0], **kw)
         self.up_blocks = nnx.List(
             [
-                UpBlock(i, o, config.num_res_blocks + 1, mode, **kw)
-                for i, o, mode in decoder_layout(config)
+                UpBlock(i, o, config.num_res_blocks + 1, mode, residual=config.is_residual, **kw)
+                for i, o, mode in config.decoder_layout
             ]
         )
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=kw["param_dtype"])
@@ -423,7 +536,7 @@ class Decoder(nnx.Module):
         x, c_mid = self.mid_block(x, c_mid)
         x, c_ups = stream_through(self.up_blocks, x, c_ups)
         x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), c_out)
-        return x, (c_in, c_mid, c_ups, c_out)
+        return unpatchify(x, self.patch_size), (c_in, c_mid, c_ups, c_out)
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -467,7 +580,7 @@ def _tiled(
 
 
 class WanVAE(VideoVAE):
-    """The Wan 2.1 VAE: causal 3D conv encoder/decoder with a diagonal Gaussian latent.
+    """The Wan 2.1 / 2.2 VAE: causal 3D conv encoder/decoder with a diagonal Gaussian latent.
 
     `encode`/`decode` are the jit-compiled user API on normalised latents; `moments` and
     `decode_raw` are the traceable pieces (for training inside your own transforms).
@@ -489,7 +602,7 @@ class WanVAE(VideoVAE):
         cfg = self.config
         check_video(
             x,
-            channels=cfg.in_channels,
+            channels=cfg.video_in_channels,
             temporal_factor=ENCODE_CHUNK,
             spatial_factor=cfg.spatial_factor,
         )
@@ -549,7 +662,7 @@ class WanVAE(VideoVAE):
             the result does not depend on it, only memory and speed do.
 
         Returns:
-          Pixels (b, 1 + (t - 1) * temporal_factor, h * s, w * s, out_channels).
+          Pixels (b, 1 + (t - 1) * temporal_factor, h * s, w * s, video_out_channels).
         """
         self._check_latents(z)
         if latents_per_step < 1 or (z.shape[1] - 1) % latents_per_step:
@@ -611,21 +724,23 @@ class WanVAE(VideoVAE):
           latents_per_step: see `decode_raw`.
 
         Returns:
-          (b, 1 + (t - 1) * temporal_factor, h * s, w * s, out_channels).
+          (b, 1 + (t - 1) * temporal_factor, h * s, w * s, video_out_channels).
         """
         self._check_latents(z)
         tiles = self._tiles(tile_size, tile_stride, z.shape[2:4], self.config.spatial_factor)
         if tiles is None:
             return _decode_jit(self, z, latents_per_step)
-        s = self.config.spatial_factor
+        s, p = self.config.spatial_factor, self.config.patch_size or 1
+        # Tiles are cross-faded as patches (each tile's pixels folded back), as diffusers blends
+        # the decoder's output before unpatchifying.
         x = _tiled(
-            lambda t: _decode_raw_jit(self, t, latents_per_step),
+            lambda t: patchify(_decode_raw_jit(self, t, latents_per_step), p),
             self.denormalize(z),
             tile_in=(tiles[0][0] // s, tiles[0][1] // s),
             stride_in=(tiles[1][0] // s, tiles[1][1] // s),
-            scale=s,
+            scale=s // p,
         )
-        return jnp.clip(x, -1.0, 1.0)
+        return jnp.clip(unpatchify(x, p), -1.0, 1.0)
 
     def _tiles(self, tile_size, tile_stride, hw, pixels_per_unit):
         """Validated ((tile_h, tile_w), (stride_h, stride_w)) in pixels, or None if untiled."""
