@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -36,15 +37,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import dvg, sampling
 from vidax.checkpoint import CheckpointError, write_atomic
+from vidax.models import clip_vision
 from vidax.models.dit_stages import VideoDiT
+from vidax.models.experts import NUM_TRAIN_TIMESTEPS, TwoExperts
 from vidax.models.lora import LoraLike, merge_loras
-from vidax.models.registry import ModelSpec
+from vidax.models.registry import ModelSpec, get, names
 from vidax.models.weights import (
+    IMAGE_ENCODER,
     TEXT_ENCODER,
     TRANSFORMER,
+    TRANSFORMER_2,
     VAE,
+    load_image_encoder,
     load_text_encoder,
     load_transformer,
+    load_transformer_2,
     load_vae,
     missing_message,
     missing_weights,
@@ -57,6 +64,7 @@ from vidax.models.weights import (
 from vidax.sampling import step_cache
 from vidax.sharding import auto_mesh, use_mesh
 from vidax.text.prompts import PromptEmbeds, embed_prompts, fit_prompt_embeds
+from vidax.video import image_pixels
 
 Conditioning = dict[str, Any]
 
@@ -102,19 +110,21 @@ class Adapter:
 
     conditioning(text, guidance) -> keyword arguments of the model's forward;
     embedded_guidance: the model embeds the guidance scale (no CFG batch).
+    Equal for equal (family, config).
     """
 
-    conditioning: Callable[[PromptEmbeds, float], Conditioning]
+    family: ModuleType
+    config: Any
     embedded_guidance: bool = False
+
+    def conditioning(self, text: PromptEmbeds, guidance: float) -> Conditioning:
+        return self.family.conditioning(self.config, text, guidance)
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Adapter:
         family, config = spec.family_module, spec.config
         embedded = getattr(family, "embedded_guidance", None)
-        return cls(
-            conditioning=functools.partial(family.conditioning, config),
-            embedded_guidance=bool(embedded and embedded(config)),
-        )
+        return cls(family, config, embedded_guidance=bool(embedded and embedded(config)))
 
 
 # -- denoising ------------------------------------------------------------------------------------
@@ -175,7 +185,9 @@ def denoise_cached(
 def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None):
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_loop(graphdef, solver, float(guidance), use_cfg, on_step is not None, skip)
+    run = _compiled_loop(
+        graphdef, solver, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
+    )
     with sampling.reporting_steps(on_step):
         latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
         # One scalar read after the whole loop: no per-step host sync.
@@ -220,7 +232,7 @@ class _WatchFinite:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(graphdef, solver, guidance: float, use_cfg: bool, progress: bool, skip=None):
+def _compiled_loop(graphdef, solver, guidance, use_cfg: bool, progress: bool, skip=None):
     # Cached on static values only: the progress callback goes through `sampling.step_hook`.
 
     @jax.jit
@@ -265,6 +277,76 @@ def _compiled_decode(graphdef):
     return jax.jit(lambda state, z: nnx.merge(graphdef, state).decode(z))
 
 
+# -- image-to-video -------------------------------------------------------------------------------
+
+
+def _check_task(spec: ModelSpec, image, guidance_2: float | None) -> None:
+    """What the spec generates from must fit what was given (`ModelSpec.task`)."""
+    if image is not None and spec.task == "t2v":
+        raise ValueError(
+            f"model {spec.name!r} is text-to-video: it takes no image (image-to-video presets: "
+            f"{', '.join(n for n in names(causal=False) if get(n).task != 't2v')})"
+        )
+    if image is None and spec.task == "i2v":
+        raise ValueError(f"model {spec.name!r} is image-to-video: pass an image (--image FILE)")
+    if guidance_2 is not None and spec.boundary_ratio is None:
+        raise ValueError(
+            f"guidance_2 is the low-noise expert's scale; model {spec.name!r} has one transformer"
+        )
+
+
+def image_conditioning(
+    spec: ModelSpec,
+    image: np.ndarray,
+    vae,
+    image_encoder,
+    num_frames: int,
+    height: int,
+    width: int,
+    batch: int,
+) -> Conditioning:
+    """The forward's image-to-video arguments for a first frame, by the spec's family:
+    `condition` (b, t, h, w, k) on the latent grid (`vidax.models.<family>.image_condition`)
+    and the image encoder's tokens where the model reads them (`image_inputs`).
+
+    Raises:
+      ValueError: no VAE to encode the image, or an image batch that is neither 1 nor `batch`.
+    """
+    family = spec.family_module
+    if vae is None:
+        raise ValueError(f"model {spec.name!r} has no VAE to encode the image with")
+    pixels = image_pixels(image, height, width)
+    if pixels.shape[0] not in (1, batch):
+        raise ValueError(f"{pixels.shape[0]} images for {batch} prompts: pass 1 or {batch}")
+    pixels = np.broadcast_to(pixels, (batch, *pixels.shape[1:]))
+    graphdef, state = nnx.split(vae)
+    encode = functools.partial(_compiled_encode(graphdef), state)
+    latent_frames = spec.geometry().latent_shape(num_frames, height, width)[0]
+    condition = family.image_condition(
+        spec.config, encode, jnp.asarray(pixels), num_frames, latent_frames
+    )
+    tokens = None
+    if image_encoder is not None:
+        images = np.asarray(image)
+        images = images[None] if images.ndim == 3 else images
+        clip_pixels = clip_vision.preprocess(images, image_encoder.config)
+        graphdef, state = nnx.split(image_encoder)
+        tokens = _compiled_image_tokens(graphdef)(state, jnp.asarray(clip_pixels))
+        tokens = jnp.broadcast_to(tokens, (batch, *tokens.shape[1:]))
+    return {"condition": condition, **family.image_inputs(spec.config, tokens)}
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_encode(graphdef):
+    return jax.jit(lambda state, video: nnx.merge(graphdef, state).encode(video))
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_image_tokens(graphdef):
+    # Wan 2.1 I2V reads the CLIP encoder's penultimate hidden states.
+    return jax.jit(lambda state, pixels: nnx.merge(graphdef, state).hidden_states(pixels, -2))
+
+
 # -- the user-facing call -------------------------------------------------------------------------
 
 
@@ -284,7 +366,7 @@ def generate(
     sampler: str | None = None,
     seed: int = 0,
     checkpoint: str | os.PathLike | None = None,
-    transformer: VideoDiT | None = None,
+    transformer: VideoDiT | TwoExperts | None = None,
     vae=None,
     text_encoder: nnx.Module | str | os.PathLike | None = None,
     decode_frames: bool = True,
@@ -295,8 +377,12 @@ def generate(
     budget: float | None = None,
     random_weights: bool = False,
     lora: Sequence[LoraLike] = (),
+    image: np.ndarray | None = None,
+    guidance_2: float | None = None,
+    image_encoder: nnx.Module | None = None,
 ) -> Video:
-    """Generates a video from a prompt or precomputed embeddings.
+    """Generates a video from a prompt or precomputed embeddings (and, image-to-video, its first
+    frame).
 
     Args:
       model: preset name or `ModelSpec`. With a `checkpoint` that has its own configs (a
@@ -333,6 +419,13 @@ def generate(
       lora: LoRA files merged into the transformer this call loads (`LoraSpec`, a path, or
         "FILE[:SCALE]"); into a given `transformer`, merge once with
         `vidax.models.lora.merge_loras` instead.
+      image: the first frame, (H, W, 3) or (b, H, W, 3), uint8 or floats in [0, 1]: required
+        by image-to-video presets (`spec.task` "i2v"), optional for "ti2v", refused by
+        text-to-video ones. Resized to the video size; encoded by the VAE (and, for Wan 2.1
+        I2V, the CLIP image encoder) into the model's condition.
+      guidance_2: two-expert models (Wan 2.2 A14B): the low-noise expert's guidance scale
+        (default: the preset's `guidance_2`, else `guidance`).
+      image_encoder: an already-built image encoder (skip loading it).
 
     Raises:
       CheckpointError: missing weights (see random_weights), a checkpoint or LoRA that does not
@@ -354,10 +447,16 @@ def generate(
     shift = d.shift if shift is None else shift
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    shape = spec.geometry().latent_shape(num_frames, height, width)
+    geometry = spec.geometry()
+    shape = geometry.latent_shape(num_frames, height, width)
+    _check_task(spec, image, guidance_2)
 
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError("pass exactly one of prompt and prompt_embeds")
+    if lora and spec.boundary_ratio is not None:
+        raise ValueError(
+            f"model {spec.name!r} has two experts: LoRA merging into them is not supported yet"
+        )
     if lora and transformer is not None:  # merging on every call would stack the LoRA
         raise ValueError(
             "lora= merges into the transformer generate loads; into a given one, merge once "
@@ -368,8 +467,9 @@ def generate(
         spec,
         checkpoint,
         transformer=transformer is None,
-        vae=decode_frames and vae is None,
+        vae=(decode_frames or image is not None) and vae is None,
         text_encoder=prompt is not None and text_encoder is None,
+        image_encoder=image is not None and image_encoder is None,
     )
     if missing and not random_weights:
         raise CheckpointError(missing_message(spec, missing))
@@ -397,7 +497,12 @@ def generate(
             )
     cond = family.conditioning(text, guidance)
     negative = None if family.embedded_guidance else family.conditioning(neg_text, guidance)
-    cfg_scale = 1.0 if family.embedded_guidance else guidance
+    cfg_scale: float | sampling.ExpertGuidance = 1.0 if family.embedded_guidance else guidance
+    if spec.boundary_ratio is not None and not family.embedded_guidance:
+        low = guidance_2 if guidance_2 is not None else d.guidance_2
+        cfg_scale = sampling.ExpertGuidance(
+            guidance, guidance if low is None else low, spec.boundary_ratio * NUM_TRAIN_TIMESTEPS
+        )
 
     solver = d.solver(sampler=sampler, steps=steps, shift=shift)
     noise = jax.random.normal(jax.random.key(seed), (text.batch, *shape), jnp.float32)
@@ -409,6 +514,33 @@ def generate(
             transformer = load_transformer(spec, checkpoint, mesh=mesh, strategy=strategy)
         if lora:
             merge_loras(transformer, spec, lora)
+        if spec.boundary_ratio is not None:
+            second = load_transformer_2(
+                spec,
+                checkpoint,
+                mesh=mesh,
+                strategy=strategy,
+                random_weights=TRANSFORMER_2 in missing,
+            )
+            assert second is not None and isinstance(transformer, VideoDiT)
+            transformer = TwoExperts(transformer, second, spec.boundary_ratio)
+    if vae is None and (decode_frames or image is not None):
+        if VAE in missing and spec.vae_spec is not None:
+            vae = spec.vae_spec.build(seed=0)
+        else:
+            vae = load_vae(spec, checkpoint)
+    condition = None
+    if image is not None:
+        if image_encoder is None and spec.image_encoder is not None:
+            image_encoder = load_image_encoder(
+                spec, checkpoint, random_weights=IMAGE_ENCODER in missing
+            )
+        extra = image_conditioning(
+            spec, image, vae, image_encoder, num_frames, height, width, text.batch
+        )
+        condition = extra["condition"]
+        cond = {**cond, **extra}
+        negative = None if negative is None else {**negative, **extra}
     if accel not in ACCEL_MODES:
         raise ValueError(f"accel must be one of {', '.join(ACCEL_MODES)}, got {accel!r}")
     progressive = accel.removesuffix("+cache") if accel != "cache" else "none"
@@ -464,17 +596,14 @@ def generate(
     denoise_seconds = time.perf_counter() - started
     if not np.isfinite(np.asarray(latents)).all():  # `denoise` names the step; dvg cannot
         raise ValueError(f"sampling (--accel {accel}) produced non-finite latents (NaN or inf)")
+    conditioned = getattr(spec.family_module, "conditioned_output", None)
+    if condition is not None and conditioned is not None:
+        latents = conditioned(spec.config, latents, condition)
 
     frames = None
-    if decode_frames:
-        vae_spec = spec.vae_spec
-        if vae is None and VAE in missing and vae_spec is not None:
-            vae = vae_spec.build(seed=0)
-        elif vae is None:
-            vae = load_vae(spec, checkpoint)
-        if vae is not None:
-            frames = decode(vae, latents)
-            frames = frames[0] if frames.shape[0] == 1 else frames
+    if decode_frames and vae is not None:
+        frames = decode(vae, latents)
+        frames = frames[0] if frames.shape[0] == 1 else frames
     return Video(
         frames=frames,
         latents=np.asarray(latents),
@@ -495,10 +624,11 @@ class Loaded:
     """
 
     spec: ModelSpec
-    transformer: VideoDiT
+    transformer: VideoDiT | TwoExperts
     vae: nnx.Module | None
     text_encoder: nnx.Module | str | os.PathLike | None
     checkpoint: Path | None
+    image_encoder: nnx.Module | None = None
 
     def generate(self, prompt: str | list[str] | None = None, **kwargs) -> Video:
         """`generate` with this model's parts (keyword arguments as there)."""
@@ -509,6 +639,7 @@ class Loaded:
             vae=self.vae,
             text_encoder=self.text_encoder,
             checkpoint=self.checkpoint,
+            image_encoder=self.image_encoder,
             **kwargs,
         )
 
@@ -546,14 +677,26 @@ def load(
         spec = with_vae(spec, vae)
     if mesh is not None:
         mesh = auto_mesh(mesh)
-    missing = missing_weights(spec, checkpoint, text_encoder=text_encoder is None)
+    missing = missing_weights(
+        spec, checkpoint, text_encoder=text_encoder is None, image_encoder=True
+    )
     if missing and not random_weights:
         raise CheckpointError(missing_message(spec, missing))
-    transformer = load_transformer(
+    if lora and spec.boundary_ratio is not None:
+        raise ValueError(
+            f"model {spec.name!r} has two experts: LoRA merging into them is not supported yet"
+        )
+    first = load_transformer(
         spec, checkpoint, mesh=mesh, strategy=strategy, random_weights=random_weights
     )
     if lora:
-        merge_loras(transformer, spec, lora)
+        merge_loras(first, spec, lora)
+    second = load_transformer_2(
+        spec, checkpoint, mesh=mesh, strategy=strategy, random_weights=random_weights
+    )
+    transformer: VideoDiT | TwoExperts = first
+    if second is not None and spec.boundary_ratio is not None:
+        transformer = TwoExperts(first, second, spec.boundary_ratio)
     loaded_vae = load_vae(spec, checkpoint, random_weights=random_weights)
     encoder: nnx.Module | str | os.PathLike | None = text_encoder
     if encoder is None and spec.text_config is not None:
@@ -564,6 +707,7 @@ def load(
         vae=loaded_vae,
         text_encoder=encoder,
         checkpoint=None if checkpoint is None else Path(checkpoint),
+        image_encoder=load_image_encoder(spec, checkpoint, random_weights=random_weights),
     )
 
 
@@ -572,7 +716,9 @@ ACCEL_MODES = (*dvg.ACCEL_MODES, "cache", "dvg+cache")
 ENV_STEP_CACHE = "VIDAX_STEP_CACHE_DIR"
 
 
-def _calibration_path(spec: ModelSpec, checkpoint, solver, shape, guidance: float) -> Path:
+def _calibration_path(
+    spec: ModelSpec, checkpoint, solver, shape, guidance: float | sampling.ExpertGuidance
+) -> Path:
     """Where the step-cache calibration of this model, weights, schedule, size and guidance is
     kept: $VIDAX_STEP_CACHE_DIR, else $XDG_CACHE_HOME/vidax/step_cache (~/.cache/...)."""
     key = repr(
@@ -583,7 +729,7 @@ def _calibration_path(spec: ModelSpec, checkpoint, solver, shape, guidance: floa
             type(solver).__name__,
             np.round(np.asarray(solver.sigmas, np.float64), 6).tolist(),
             tuple(shape),
-            round(float(guidance), 6),
+            repr(sampling.static_guidance(guidance)),
         )
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""Writing frames to mp4 (H.264 through imageio-ffmpeg), whole or streamed chunk by chunk."""
+"""Writing frames to mp4 (H.264 through imageio-ffmpeg), whole or streamed chunk by chunk;
+reading images (the first frame of image-to-video)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,54 @@ def read_video(path: str | os.PathLike) -> np.ndarray:
 
     with _quiet_fork():
         return np.asarray(iio.imread(Path(path)))
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """(H, W, 3) uint8 RGB of an image file (alpha dropped, grey expanded).
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: not an image imageio can read.
+    """
+    from PIL import Image, UnidentifiedImageError  # Pillow: an imageio dependency
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"{path}: not a readable image ({e})") from None
+
+
+def image_pixels(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """First frames for image-to-video: (b, height, width, 3) float32 in [-1, 1].
+
+    Args:
+      image: (H, W, 3) or (b, H, W, 3), uint8 in [0, 255] or floating point in [0, 1]; resized
+        to (height, width) with Lanczos when its size differs (as diffusers' `VideoProcessor`).
+
+    Raises:
+      ValueError: not an RGB image array, or floats outside [0, 1].
+    """
+    from PIL import Image  # Pillow: an imageio dependency
+
+    image = np.asarray(image)
+    if image.ndim == 3:
+        image = image[None]
+    if image.ndim != 4 or image.shape[-1] != 3 or min(image.shape[1:3]) < 1:
+        raise ValueError(f"image must be (H, W, 3) or (b, H, W, 3) RGB, got shape {image.shape}")
+    if np.issubdtype(image.dtype, np.floating):
+        if not np.isfinite(image).all() or image.min() < 0 or image.max() > 1:
+            raise ValueError("a floating-point image must hold values in [0, 1]")
+        image = np.round(image * 255.0).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise ValueError(f"image must be uint8 or floating point, got {image.dtype}")
+    out = np.empty((image.shape[0], height, width, 3), np.float32)
+    for i, frame in enumerate(image):
+        if frame.shape[:2] != (height, width):
+            resized = Image.fromarray(frame).resize((width, height), Image.Resampling.LANCZOS)
+            frame = np.asarray(resized)
+        out[i] = frame.astype(np.float32) / 127.5 - 1.0
+    return out

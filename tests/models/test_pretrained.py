@@ -60,6 +60,30 @@ def test_pipeline_configs_make_the_spec(tmp_path):
     assert d.num_frames == get("wan2.1-1.3b").defaults.num_frames
 
 
+def test_pipeline_index_sets_task_experts_and_image_encoder(tmp_path):
+    # Wan 2.2 A14B: two experts switched at boundary_ratio.
+    spec = pretrained.spec_from_checkpoint(
+        _wan_pipeline(
+            tmp_path / "a",
+            transformer_2=["diffusers", "WanTransformer3DModel"],
+            boundary_ratio=0.875,
+        )
+    )
+    assert (spec.task, spec.boundary_ratio, spec.image_encoder) == ("t2v", 0.875, None)
+    # Wan 2.2 TI2V: the pipeline's expand_timesteps is part of the transformer config.
+    spec = pretrained.spec_from_checkpoint(_wan_pipeline(tmp_path / "b", expand_timesteps=True))
+    assert spec.task == "ti2v" and spec.config.expand_timesteps
+    # Wan 2.1 I2V: an image encoder beside the transformer.
+    spec = pretrained.spec_from_checkpoint(
+        _wan_pipeline(
+            tmp_path / "c",
+            pipeline="WanImageToVideoPipeline",
+            image_encoder=["transformers", "CLIPVisionModel"],
+        )
+    )
+    assert (spec.task, spec.image_encoder, spec.boundary_ratio) == ("i2v", "clip-vit-h-14", None)
+
+
 def test_transformer_folder_alone(tmp_path):
     folder = _wan_pipeline(tmp_path / "p") / "transformer"
     spec = pretrained.spec_from_checkpoint(folder)
@@ -74,10 +98,12 @@ def test_hunyuan_transformer_config_round_trips():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(pipeline="WanImageToVideoPipeline"), "Wan image-to-video"),
+        (dict(pipeline="WanVACEPipeline"), "Wan VACE"),
         (dict(pipeline="FluxPipeline"), "pipeline 'FluxPipeline' is not one vidax runs"),
-        (dict(transformer_2=["diffusers", "WanTransformer3DModel"]), "Wan 2.2's two experts"),
-        (dict(expand_timesteps=True), "expand_timesteps"),
+        (
+            dict(transformer_2=["diffusers", "WanTransformer3DModel"]),
+            "a second transformer without boundary_ratio",
+        ),
         (
             dict(scheduler={"_class_name": "DDIMScheduler"}),
             "scheduler 'DDIMScheduler' is not supported",
@@ -106,8 +132,11 @@ def test_what_vidax_does_not_run_is_an_error(tmp_path, change, message):
 def test_unknown_or_unsupported_transformer_options(tmp_path):
     root = _wan_pipeline(tmp_path / "p")
     config = json.loads((root / "transformer" / "config.json").read_text())
-    _write(root / "transformer", {**config, "image_dim": 1280})  # Wan I2V
-    with pytest.raises(ValueError, match="image_dim=1280 is not supported"):
+    _write(root / "transformer", {**config, "qk_norm": "rms_norm"})
+    with pytest.raises(ValueError, match="qk_norm='rms_norm' is not supported"):
+        pretrained.spec_from_checkpoint(root)
+    _write(root / "transformer", {**config, "image_dim": 1280})  # I2V without added k/v
+    with pytest.raises(ValueError, match="image_dim and added_kv_proj_dim go together"):
         pretrained.spec_from_checkpoint(root)
     _write(root / "transformer", {**config, "mystery": 3})
     with pytest.raises(
@@ -117,12 +146,12 @@ def test_unknown_or_unsupported_transformer_options(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    root = _wan_pipeline(tmp_path / "p", pipeline="WanImageToVideoPipeline")
+    root = _wan_pipeline(tmp_path / "p", pipeline="WanVACEPipeline")
     args = ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4")]
     result = CliRunner().invoke(app, [*args, "--checkpoint", str(root)])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        f"error: {root}: Wan image-to-video (WanImageToVideoPipeline) is not supported yet"
+        f"error: {root}: Wan VACE (WanVACEPipeline) is not supported yet"
     ]
     # A checkpoint of one family with a preset of another.
     root = _wan_pipeline(tmp_path / "q")

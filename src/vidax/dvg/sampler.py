@@ -352,7 +352,9 @@ def denoise(
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     skip = None if skip is None else tuple(bool(s) for s in skip)
-    run = _compiled(graphdef, plan, float(guidance), use_cfg, on_step is not None, skip)
+    run = _compiled(
+        graphdef, plan, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
+    )
     with sampling.reporting_steps(on_step):
         return jax.block_until_ready(
             run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
@@ -396,7 +398,7 @@ def probe(
         raise ValueError(f"the probe needs a reduced first stage, got {plan.schedule.describe()}")
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_probe(graphdef, plan, float(guidance), use_cfg)
+    run = _compiled_probe(graphdef, plan, sampling.static_guidance(guidance), use_cfg)
     return run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None)
 
 

@@ -24,6 +24,7 @@ from vidax.models.registry import FAMILIES, VAE_FAMILIES, ModelSpec, VAESpec, ge
 # diffusers class name -> vidax family.
 PIPELINES = {
     "WanPipeline": "wan",
+    "WanImageToVideoPipeline": "wan",
     "HunyuanVideoPipeline": "hunyuanvideo",
     "HunyuanVideo15Pipeline": "hunyuanvideo15",
 }
@@ -45,7 +46,6 @@ DEFAULT_PRESET = {
 }
 # Known diffusers pipelines vidax does not run yet: a clear error instead of a wrong model.
 NOT_SUPPORTED = {
-    "WanImageToVideoPipeline": "Wan image-to-video",
     "WanVACEPipeline": "Wan VACE",
     "WanVideoToVideoPipeline": "Wan video-to-video",
     "WanAnimatePipeline": "Wan Animate",
@@ -100,9 +100,11 @@ def spec_from_checkpoint(path: str | os.PathLike, base: ModelSpec | None = None)
             raise CheckpointError(f"{path} has no config.json / model_index.json: pass --model")
         return base
     pipeline_dir = None
+    options: dict[str, Any] = {}
     if (path / "model_index.json").is_file():
         pipeline_dir, transformer_dir = path, path / "transformer"
         family = _pipeline_family(path)
+        options = _pipeline_options(read_config(path / "model_index.json"))
     else:
         transformer_dir = path
         family = None
@@ -123,11 +125,13 @@ def spec_from_checkpoint(path: str | os.PathLike, base: ModelSpec | None = None)
             f"checkpoint {path} holds a {family} transformer but model {base.name!r} is a "
             f"{base.family} model: pass a {family} preset, or no --model"
         )
+    overrides = {"expand_timesteps": True} if options.pop("expand_timesteps", False) else {}
     spec = dataclasses.replace(
         base,
         name=path.name or str(path),
-        config=_transformer_config(family, config, transformer_dir, base),
+        config=_transformer_config(family, config, transformer_dir, base, **overrides),
         weights=None,
+        **options,
     )
     if pipeline_dir is None:
         return spec
@@ -174,15 +178,30 @@ def _pipeline_family(path: Path) -> str:
             f"{path / 'model_index.json'}: pipeline {name!r} is not one vidax runs "
             f"({', '.join(PIPELINES)})"
         )
-    if _present(index.get("transformer_2")) or (path / "transformer_2").is_dir():
+    two = _present(index.get("transformer_2")) or (path / "transformer_2").is_dir()
+    if two and not index.get("boundary_ratio"):
         raise CheckpointError(
-            f"{path}: a second transformer (Wan 2.2's two experts) is not supported yet"
+            f"{path}: a second transformer without boundary_ratio (when to switch to it)"
         )
-    if index.get("expand_timesteps"):
-        raise CheckpointError(f"{path}: expand_timesteps (Wan 2.2 TI2V) is not supported yet")
     if not (path / "transformer").is_dir():
         raise CheckpointError(f"{path}: pipeline folder without transformer/")
     return PIPELINES[name]
+
+
+def _pipeline_options(index: dict[str, Any]) -> dict[str, Any]:
+    """`ModelSpec` fields a pipeline's model_index.json sets: its task (image-to-video
+    pipelines; Wan 2.2 TI2V's `expand_timesteps` does both), image encoder, two experts'
+    boundary; `expand_timesteps` for the transformer config."""
+    name = index.get("_class_name", "")
+    expand = bool(index.get("expand_timesteps"))
+    task = "ti2v" if expand else ("i2v" if "ImageToVideo" in name else "t2v")
+    ratio = index.get("boundary_ratio")
+    return {
+        "task": task,
+        "image_encoder": "clip-vit-h-14" if _present(index.get("image_encoder")) else None,
+        "boundary_ratio": None if ratio is None else float(ratio),
+        "expand_timesteps": expand,
+    }
 
 
 def _present(entry) -> bool:
@@ -190,12 +209,14 @@ def _present(entry) -> bool:
     return isinstance(entry, list) and any(e is not None for e in entry)
 
 
-def _transformer_config(family: str, config: dict, folder: Path, base: ModelSpec):
+def _transformer_config(family: str, config: dict, folder: Path, base: ModelSpec, **pipeline):
     """The family's config from the transformer's config.json; the pipeline-level lengths and
-    the attention implementation from `base`, the numerics from the stored weights."""
+    the attention implementation from `base`, the numerics from the stored weights, and what
+    the pipeline says (`pipeline`, e.g. Wan's expand_timesteps)."""
     module = FAMILIES[family].module
     keep = {"text_len", "byt5_len", "image_len", "attention_impl", "remat"}
     overrides = {k: getattr(base.config, k) for k in keep if hasattr(base.config, k)}
+    overrides.update(pipeline)
     dtype = _stored_dtype(folder)
     if dtype is not None:  # run as stored, as diffusers does once loaded in that dtype
         overrides.update(dtype=dtype, param_dtype=dtype)

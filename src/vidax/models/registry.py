@@ -28,6 +28,9 @@ from vidax.models.geometry import LatentGeometry
 from vidax.models.video_vae import VideoVAE
 from vidax.models.word_encoder import WordEncoderConfig
 
+# What a preset generates from: text only, text and an image, or either (`ModelSpec.task`).
+TASKS = ("t2v", "i2v", "ti2v")
+
 # Weights shipped with vidax: `ModelSpec.weights` / `CausalPreset.weights` name a folder here.
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -70,6 +73,8 @@ class SamplingDefaults:
     guidance: float
     sampler: str = "unipc"
     fps: int = 16
+    # Two-expert models (Wan 2.2 A14B): the low-noise expert's guidance scale (None: `guidance`).
+    guidance_2: float | None = None
     # Solver fields beyond the shift (e.g. UniPC's order), as read from a checkpoint's scheduler.
     solver_options: tuple[tuple[str, Any], ...] = ()
 
@@ -105,6 +110,13 @@ class ModelSpec:
       text_config: for the "hashed" text encoder, the `WordEncoderConfig`
         of a trained encoder over the hashed word vectors (weights `text_encoder.safetensors`
         beside the transformer's); None: the hashed vectors go to the DiT as they are.
+      task: "t2v" (text-to-video: an image is refused), "i2v" (image-to-video: an image is
+        required) or "ti2v" (either).
+      image_encoder: the image encoder preset (`vidax.models.clip_vision`) whose tokens an
+        image-to-video transformer reads, weights in the checkpoint's `image_encoder/`; None.
+      boundary_ratio: two experts (Wan 2.2 A14B): the transformer denoises timesteps
+        t >= boundary_ratio * 1000 and a second one of the same config (the checkpoint's
+        `transformer_2/`) the rest, with `defaults.guidance_2`; None: one transformer.
     """
 
     name: str
@@ -116,6 +128,19 @@ class ModelSpec:
     defaults: SamplingDefaults
     dvg_spatial: bool = True
     text_config: Any = None
+    task: str = "t2v"
+    image_encoder: str | None = None
+    boundary_ratio: float | None = None
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"model {self.name!r}: task must be one of {TASKS}, got {self.task!r}")
+        if self.boundary_ratio is not None and not 0 < self.boundary_ratio < 1:
+            raise ValueError(
+                f"model {self.name!r}: boundary_ratio must be in (0, 1), got {self.boundary_ratio}"
+            )
+        if self.image_encoder is not None and self.task == "t2v":
+            raise ValueError(f"model {self.name!r}: a text-to-video model has no image encoder")
 
     @property
     def module(self) -> ModelClass[VideoDiT]:
@@ -177,7 +202,7 @@ class ModelSpec:
     @property
     def latent_channels(self) -> int:
         """Channels of the latent being denoised (the model input may add condition channels)."""
-        return getattr(self.config, "latent_channels", self.config.in_channels)
+        return self.config.out_channels
 
     def geometry(self) -> LatentGeometry:
         """The latent geometry: the VAE's strides (4x8x8 without a VAE) and the DiT's patch.
@@ -275,6 +300,119 @@ def _specs() -> dict[str, ModelSpec]:
             text_encoder="umt5-xxl",
             defaults=SamplingDefaults(
                 num_frames=81, height=720, width=1280, steps=50, shift=5.0, guidance=5.0
+            ),
+        ),
+        # Image-to-video (issue 21). Wan 2.1 I2V: CLIP ViT-H/14 tokens + first-frame latents;
+        # Wan's generate.py samples 40 steps, shift 3.0 at 480p and 5.0 at 720p.
+        ModelSpec(
+            name="wan2.1-i2v-14b-480p",
+            family="wan",
+            config=WAN["wan2.1-i2v-14b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            task="i2v",
+            image_encoder="clip-vit-h-14",
+            defaults=SamplingDefaults(
+                num_frames=81, height=480, width=832, steps=40, shift=3.0, guidance=5.0
+            ),
+        ),
+        ModelSpec(
+            name="wan2.1-i2v-14b-720p",
+            family="wan",
+            config=WAN["wan2.1-i2v-14b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            task="i2v",
+            image_encoder="clip-vit-h-14",
+            defaults=SamplingDefaults(
+                num_frames=81, height=720, width=1280, steps=40, shift=5.0, guidance=5.0
+            ),
+        ),
+        # Wan 2.2 A14B: a high-noise and a low-noise expert of the 14B shape, switched at
+        # boundary_ratio; settings of Wan 2.2's wan/configs (guide scales: high, low noise).
+        ModelSpec(
+            name="wan2.2-t2v-a14b",
+            family="wan",
+            config=WAN["wan2.1-14b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            boundary_ratio=0.875,
+            defaults=SamplingDefaults(
+                num_frames=81,
+                height=720,
+                width=1280,
+                steps=40,
+                shift=12.0,
+                guidance=4.0,
+                guidance_2=3.0,
+            ),
+        ),
+        ModelSpec(
+            name="wan2.2-i2v-a14b",
+            family="wan",
+            config=WAN["wan2.2-i2v-a14b"],
+            vae="wan2.1",
+            text_encoder="umt5-xxl",
+            task="i2v",
+            boundary_ratio=0.9,
+            defaults=SamplingDefaults(
+                num_frames=81,
+                height=720,
+                width=1280,
+                steps=40,
+                shift=5.0,
+                guidance=3.5,
+                guidance_2=3.5,
+            ),
+        ),
+        # Wan 2.2 TI2V-5B: text- and image-to-video in one model over the Wan 2.2 VAE (48
+        # channels, 16x spatial); an image replaces the first latent frame, which is then held
+        # at t = 0 (per-token timesteps), as diffusers' `expand_timesteps` does.
+        ModelSpec(
+            name="wan2.2-ti2v-5b",
+            family="wan",
+            config=WAN["wan2.2-ti2v-5b"],
+            vae="wan2.2-vae",
+            text_encoder="umt5-xxl",
+            task="ti2v",
+            defaults=SamplingDefaults(
+                num_frames=121, height=704, width=1280, steps=50, shift=5.0, guidance=5.0, fps=24
+            ),
+        ),
+        # Tiny random-weight image-to-video models (tests, CLI examples): Wan 2.1 I2V with a
+        # tiny CLIP, the two-expert scheme, and TI2V on the tiny Wan 2.2 VAE.
+        ModelSpec(
+            name="wan2.1-i2v-tiny",
+            family="wan",
+            config=WAN["i2v-tiny"],
+            vae="tiny",
+            text_encoder="hashed",
+            task="i2v",
+            image_encoder="tiny",
+            defaults=SamplingDefaults(
+                num_frames=9, height=64, width=64, steps=8, shift=3.0, guidance=5.0
+            ),
+        ),
+        ModelSpec(
+            name="wan2.2-a14b-tiny",
+            family="wan",
+            config=WAN["t2v-tiny"],
+            vae="tiny",
+            text_encoder="hashed",
+            boundary_ratio=0.875,
+            defaults=SamplingDefaults(
+                num_frames=9, height=64, width=64, steps=8, shift=12.0, guidance=4.0, guidance_2=3.0
+            ),
+        ),
+        ModelSpec(
+            name="wan2.2-ti2v-tiny",
+            family="wan",
+            config=WAN["ti2v-tiny"],
+            vae="wan2.2-tiny",
+            text_encoder="hashed",
+            task="ti2v",
+            defaults=SamplingDefaults(
+                num_frames=9, height=64, width=64, steps=8, shift=5.0, guidance=5.0, fps=24
             ),
         ),
     ]

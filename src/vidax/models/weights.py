@@ -23,13 +23,14 @@ import jax
 from flax import nnx
 
 from vidax.checkpoint import CheckpointError
-from vidax.models import pretrained, word_encoder
+from vidax.models import clip_vision, pretrained, word_encoder
 from vidax.models.dit_stages import VideoDiT
 from vidax.models.registry import ASSETS, ModelSpec, get
 from vidax.sharding import param_shardings
 
 # The parts of a preset that need weights, as `missing_weights` names them.
 TRANSFORMER, VAE, TEXT_ENCODER = "transformer", "VAE", "text encoder"
+TRANSFORMER_2, IMAGE_ENCODER = "second transformer", "image encoder"
 # A trained `WordEncoder`'s weights, beside the transformer's.
 TEXT_ENCODER_FILE = "text_encoder.safetensors"
 
@@ -72,12 +73,14 @@ def missing_weights(
     transformer: bool = True,
     vae: bool = True,
     text_encoder: bool = True,
+    image_encoder: bool = False,
 ) -> list[str]:
     """The parts of `spec` (among those asked about) with no weights in `checkpoint` or shipped.
 
     Returns:
-      A sublist of [TRANSFORMER, VAE, TEXT_ENCODER]; a transformer counts as present whenever a
-      checkpoint is given (its loader reports what the checkpoint lacks).
+      A sublist of [TRANSFORMER, TRANSFORMER_2, VAE, TEXT_ENCODER, IMAGE_ENCODER]; a
+      transformer counts as present whenever a checkpoint is given (its loader reports what the
+      checkpoint lacks), the second one (two-expert models) when it has `transformer_2/`.
 
     Raises:
       FileNotFoundError: `checkpoint` does not exist.
@@ -90,11 +93,27 @@ def missing_weights(
     missing = []
     if transformer and root is None and shipped(spec, "transformer.safetensors") is None:
         missing.append(TRANSFORMER)
+    if transformer and spec.boundary_ratio is not None and _transformer_2_path(root) is None:
+        missing.append(TRANSFORMER_2)
     if vae and spec.vae is not None and _vae_path(spec, root) is None:
         missing.append(VAE)
     if text_encoder and not _has_text_encoder(spec, root):
         missing.append(TEXT_ENCODER)
+    if image_encoder and spec.image_encoder is not None and _image_encoder_path(root) is None:
+        missing.append(IMAGE_ENCODER)
     return missing
+
+
+def _transformer_2_path(root: Path | None) -> Path | None:
+    return (
+        root / "transformer_2" if root is not None and (root / "transformer_2").is_dir() else None
+    )
+
+
+def _image_encoder_path(root: Path | None) -> Path | None:
+    return (
+        root / "image_encoder" if root is not None and (root / "image_encoder").is_dir() else None
+    )
 
 
 def _has_text_encoder(spec: ModelSpec, root: Path | None) -> bool:
@@ -111,6 +130,8 @@ def missing_message(spec: ModelSpec, missing: list[str]) -> str:
     real_text = TEXT_ENCODER in missing and spec.text_encoder != "hashed"
     names = {
         TRANSFORMER: "transformer",
+        TRANSFORMER_2: "second (low-noise) transformer (transformer_2/)",
+        IMAGE_ENCODER: f"image encoder ({spec.image_encoder}, image_encoder/)",
         VAE: f"VAE ({spec.vae_name})",
         TEXT_ENCODER: f"text encoder ({spec.text_encoder if real_text else 'WordEncoder'})",
     }
@@ -170,9 +191,65 @@ def load_transformer(
     return random_transformer(spec, mesh, strategy)
 
 
-def random_transformer(spec: ModelSpec, mesh=None, strategy: str | None = None) -> VideoDiT:
-    """The spec's DiT on random initialisation (seed 0), placed sharded over `mesh` if given."""
-    model = spec.build(seed=0)
+def load_transformer_2(
+    spec: ModelSpec,
+    checkpoint: str | os.PathLike | None,
+    *,
+    mesh=None,
+    strategy=None,
+    random_weights: bool = False,
+) -> VideoDiT | None:
+    """A two-expert model's second (low-noise) transformer from `<checkpoint>/transformer_2`
+    (same config as the first), or (only with `random_weights`, warning) random weights
+    (seed 1); None for a one-transformer spec.
+
+    Raises:
+      CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
+    """
+    if spec.boundary_ratio is None:
+        return None
+    path = _transformer_2_path(None if checkpoint is None else Path(checkpoint))
+    if path is not None:
+        return spec.loader(path, spec.config, mesh=mesh, strategy=strategy)
+    if not random_weights:
+        raise CheckpointError(missing_message(spec, [TRANSFORMER_2]))
+    warn_random(spec, [TRANSFORMER_2])
+    return random_transformer(spec, mesh, strategy, seed=1)
+
+
+def load_image_encoder(
+    spec: ModelSpec, checkpoint: str | os.PathLike | None, *, random_weights: bool = False
+) -> clip_vision.CLIPVisionEncoder | None:
+    """The image encoder an image-to-video spec reads (`spec.image_encoder`) from
+    `<checkpoint>/image_encoder` (transformers' CLIP export), or (only with `random_weights`,
+    warning) random weights; None for a spec without one.
+
+    Raises:
+      CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
+    """
+    if spec.image_encoder is None:
+        return None
+    path = _image_encoder_path(None if checkpoint is None else Path(checkpoint))
+    if path is not None:
+        config_file = path / "config.json"
+        config = (
+            clip_vision.from_hf_config(pretrained.read_config(config_file))
+            if config_file.is_file()
+            else clip_vision.PRESETS[spec.image_encoder]
+        )
+        return clip_vision.load(path, config)
+    if not random_weights:
+        raise CheckpointError(missing_message(spec, [IMAGE_ENCODER]))
+    warn_random(spec, [IMAGE_ENCODER])
+    config = clip_vision.PRESETS[spec.image_encoder]
+    return clip_vision.CLIPVisionEncoder(config, rngs=nnx.Rngs(0))
+
+
+def random_transformer(
+    spec: ModelSpec, mesh=None, strategy: str | None = None, *, seed: int = 0
+) -> VideoDiT:
+    """The spec's DiT on random initialisation, placed sharded over `mesh` if given."""
+    model = spec.build(seed=seed)
     if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, param_shardings(state, mesh, strategy or "fsdp")))

@@ -4,18 +4,21 @@
   `init(x)` and `step(state, i, x, v)`; `make_solver(name, num_steps, shift)` builds one by name.
 - `sample` / `sample_steps`: the `lax.fori_loop` over solver steps.
 - `step_cache`: skip forwards whose output barely changes (`plan_skips`, `cached_steps`).
-- `classifier_free_guidance`: one batched forward for the guided velocity.
+- `classifier_free_guidance`: one batched forward for the guided velocity; `ExpertGuidance`:
+  a scale per expert of a two-expert model.
 - `shift_sigmas`, `predict_x0`, `renoise`: rectified-flow algebra.
 """
 
 from vidax.sampling import step_cache
 from vidax.sampling.loop import (
+    ExpertGuidance,
     classifier_free_guidance,
     predict_x0,
     renoise,
     reporting_steps,
     sample,
     sample_steps,
+    static_guidance,
     step_hook,
 )
 from vidax.sampling.schedulers import (
@@ -30,6 +33,7 @@ from vidax.sampling.schedulers import (
 
 __all__ = [
     "SOLVERS",
+    "ExpertGuidance",
     "FlowEuler",
     "Solver",
     "UniPC",
@@ -42,6 +46,7 @@ __all__ = [
     "sample",
     "sample_steps",
     "shift_sigmas",
+    "static_guidance",
     "step_cache",
     "step_hook",
 ]

@@ -11,6 +11,7 @@ compiled program (the step index is traced; the solver's tables are constants).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -131,11 +132,36 @@ def sample(
     return x
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpertGuidance:
+    """The guidance scale of a two-expert model (Wan 2.2 A14B): `high` while the timestep is
+    >= `boundary` (the high-noise expert's steps), `low` after. Hashable: a static value of the
+    compiled samplers."""
+
+    high: float
+    low: float
+    boundary: float
+
+    def at(self, t: jax.Array) -> jax.Array:
+        """The scale at timestep t (scalar, may be traced)."""
+        return jnp.where(jnp.asarray(t) >= self.boundary, self.high, self.low)
+
+
+def static_guidance(scale: float | ExpertGuidance) -> float | ExpertGuidance:
+    """A guidance scale as compiled samplers key on it: a float, or an `ExpertGuidance` whose
+    two scales differ (equal scales are that float)."""
+    if isinstance(scale, ExpertGuidance):
+        if scale.high == scale.low:
+            return float(scale.high)
+        return ExpertGuidance(float(scale.high), float(scale.low), float(scale.boundary))
+    return float(scale)
+
+
 def classifier_free_guidance(
     model_fn: Callable[[jax.Array, jax.Array, Any], jax.Array],
     context: Any,
     negative_context: Any | None,
-    scale: float | jax.Array,
+    scale: float | jax.Array | ExpertGuidance,
 ) -> VelocityFn:
     """A velocity_fn that guides `model_fn` with one batched forward per step.
 
@@ -146,7 +172,8 @@ def classifier_free_guidance(
       model_fn: model_fn(x (b', ...), t (b',) float32, context) -> v (b', ...).
       context: conditioning pytree, leaves batched along axis 0 like x.
       negative_context: the unconditional branch, same structure and shapes (or None).
-      scale: guidance scale g (may be traced; then guidance always runs).
+      scale: guidance scale g (may be traced; then guidance always runs), or an
+        `ExpertGuidance` (g by timestep).
     """
 
     def timesteps(x, t):
@@ -168,7 +195,8 @@ def classifier_free_guidance(
         xx = jnp.concatenate([x, x], axis=0)
         out = model_fn(xx, timesteps(xx, t), both)
         cond, uncond = out[:b], out[b:]
-        return uncond + jnp.asarray(scale, out.dtype) * (cond - uncond)
+        g = scale.at(t) if isinstance(scale, ExpertGuidance) else scale
+        return uncond + jnp.asarray(g, out.dtype) * (cond - uncond)
 
     return velocity
 

@@ -1,6 +1,11 @@
-"""Wan 2.1 text-to-video diffusion transformer."""
+"""Wan 2.1 / 2.2 diffusion transformer (text- and image-to-video)."""
 
-from vidax.models.wan.conditioning import conditioning
+from vidax.models.wan.conditioning import (
+    conditioned_output,
+    conditioning,
+    image_condition,
+    image_inputs,
+)
 from vidax.models.wan.config import (
     PRESETS,
     WanConfig,
@@ -8,7 +13,7 @@ from vidax.models.wan.config import (
     to_diffusers_config,
 )
 from vidax.models.wan.convert import key_map, load
-from vidax.models.wan.model import Conditioning, WanBlock, WanTransformer
+from vidax.models.wan.model import Conditioning, WanBlock, WanTransformer, replace_frames
 
 __all__ = [
     "PRESETS",
@@ -16,9 +21,13 @@ __all__ = [
     "WanBlock",
     "WanConfig",
     "WanTransformer",
+    "conditioned_output",
     "conditioning",
     "from_diffusers_config",
+    "image_condition",
+    "image_inputs",
     "key_map",
     "load",
+    "replace_frames",
     "to_diffusers_config",
 ]

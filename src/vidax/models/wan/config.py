@@ -31,6 +31,9 @@ class WanConfig(PatchedVideoDiT):
         the embedded image tokens, so it equals `dim` whenever image_dim is set).
       pos_embed_seq_len: a learned position embedding over two images' tokens (first-last-frame
         models, 2 x 257); None: none.
+      expand_timesteps: image-to-video by replacing the first latent frame (Wan 2.2 TI2V,
+        diffusers' pipeline flag of that name): the condition is that frame's latent plus a
+        mask channel, and its tokens are held at timestep 0 (see `WanTransformer.__call__`).
       freq_dim: sinusoidal timestep features.
       patch_size: (pt, ph, pw) patchification of the latent.
       cross_attn_norm: affine LayerNorm before cross-attention.
@@ -52,6 +55,7 @@ class WanConfig(PatchedVideoDiT):
     image_dim: int | None = None
     added_kv_proj_dim: int | None = None
     pos_embed_seq_len: int | None = None
+    expand_timesteps: bool = False
     freq_dim: int = 256
     patch_size: tuple[int, int, int] = (1, 2, 2)
     cross_attn_norm: bool = True
@@ -100,6 +104,11 @@ class WanConfig(PatchedVideoDiT):
             )
         if self.pos_embed_seq_len is not None and self.image_dim is None:
             raise ValueError("pos_embed_seq_len needs image_dim (it embeds image tokens)")
+        if self.expand_timesteps and self.in_channels != self.out_channels:
+            raise ValueError(
+                "expand_timesteps replaces the first latent frame: in_channels must equal "
+                f"out_channels, got {self.in_channels} and {self.out_channels}"
+            )
         if self.in_channels < self.out_channels:
             raise ValueError(
                 f"in_channels {self.in_channels} < out_channels {self.out_channels}: the input "
@@ -120,6 +129,15 @@ class WanConfig(PatchedVideoDiT):
     @property
     def rope_axes_dims(self) -> tuple[int, int, int]:
         return wan_axes_dims(self.head_dim)
+
+    @property
+    def image_channels(self) -> int:
+        """Channels of an image-to-video `condition` (0: text-to-video only): Wan 2.1 / 2.2
+        A14B I2V concatenate mask + image latents to the input; with `expand_timesteps`, the
+        first frame's latent and a mask channel replace part of it."""
+        if self.expand_timesteps:
+            return self.out_channels + 1
+        return self.condition_channels
 
 
 def to_diffusers_config(config: WanConfig) -> dict:
@@ -188,6 +206,60 @@ def from_diffusers_config(config: Mapping, **overrides) -> WanConfig:
 PRESETS: dict[str, WanConfig] = {
     "wan2.1-1.3b": WanConfig(dim=1536, num_layers=30, num_heads=12, ffn_dim=8960),
     "wan2.1-14b": WanConfig(dim=5120, num_layers=40, num_heads=40, ffn_dim=13824),
+    # Image-to-video 14B (480p and 720p checkpoints share it): 16 latent + 4 first-frame mask
+    # + 16 image-latent input channels, CLIP ViT-H/14 tokens (1280 wide).
+    "wan2.1-i2v-14b": WanConfig(
+        dim=5120,
+        num_layers=40,
+        num_heads=40,
+        ffn_dim=13824,
+        in_channels=36,
+        image_dim=1280,
+        added_kv_proj_dim=5120,
+    ),
+    # Wan 2.2 A14B: each expert has the 14B shape (T2V: "wan2.1-14b"); I2V without CLIP.
+    "wan2.2-i2v-a14b": WanConfig(
+        dim=5120, num_layers=40, num_heads=40, ffn_dim=13824, in_channels=36
+    ),
+    # Wan 2.2 TI2V-5B over the Wan 2.2 VAE's 48 channels.
+    "wan2.2-ti2v-5b": WanConfig(
+        dim=3072,
+        num_layers=30,
+        num_heads=24,
+        ffn_dim=14336,
+        in_channels=48,
+        out_channels=48,
+        expand_timesteps=True,
+    ),
+    # Tiny random-weight stand-ins of the above (tests, CLI examples) over 4-channel tiny VAEs.
+    "i2v-tiny": WanConfig(
+        dim=32,
+        num_layers=2,
+        num_heads=2,
+        ffn_dim=64,
+        in_channels=12,
+        out_channels=4,
+        text_dim=32,
+        text_len=16,
+        image_dim=64,
+        added_kv_proj_dim=32,
+        freq_dim=32,
+        dtype="float32",
+        param_dtype="float32",
+    ),
+    "t2v-tiny": WanConfig(
+        dim=32,
+        num_layers=2,
+        num_heads=2,
+        ffn_dim=64,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        text_len=16,
+        freq_dim=32,
+        dtype="float32",
+        param_dtype="float32",
+    ),
     # Small enough to train and sample on a CPU; the embedded default of `vidax generate`,
     # trained on the latents of the "shapes" VAE (8 channels) by `vidax train dit`.
     "tiny": WanConfig(
@@ -220,3 +292,4 @@ PRESETS: dict[str, WanConfig] = {
         param_dtype="float32",
     ),
 }
+PRESETS["ti2v-tiny"] = dataclasses.replace(PRESETS["t2v-tiny"], expand_timesteps=True)

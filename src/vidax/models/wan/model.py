@@ -264,6 +264,24 @@ class WanTransformer(VideoDiT):
         table = jax.random.normal(rngs.params(), (2, c.dim), jnp.float32) / c.dim**0.5
         self.scale_shift_table = param(table.astype(c.storage_dtype), (None, "embed"))
 
+    def __call__(
+        self,
+        x: Float[Array, "b t h w c"],
+        *args: Any,
+        positions: Float[Array, "l 3"] | None = None,
+        condition: Float[Array, "b t h w k"] | None = None,
+        **kwargs: Any,
+    ) -> Float[Array, "b t h w c"]:
+        """`VideoDiT.__call__` (args: timestep, context); with `config.expand_timesteps` (Wan
+        2.2 TI2V) a `condition` (b, t, h, w, c + 1) of image latents and a mask channel (1
+        where a frame is given) replaces those frames of `x`, whose tokens then see timestep 0
+        (diffusers' `expand_timesteps`); the other tokens keep the timestep."""
+        if self.config.expand_timesteps and condition is not None:
+            timestep, *rest = args
+            x, timestep = replace_frames(self.config, x, timestep, condition)
+            args, condition = (timestep, *rest), None
+        return super().__call__(x, *args, positions=positions, condition=condition, **kwargs)
+
     # -- stages ---------------------------------------------------------------------------------
 
     def condition(
@@ -326,6 +344,29 @@ class WanTransformer(VideoDiT):
     ) -> Float[Array, "b t h w c"]:
         """Modulated output head and unpatchify back to a channels-last latent (float32)."""
         return self._head(tokens, _head_modulation(self.scale_shift_table, cond.temb), grid)
+
+
+def replace_frames(
+    config: WanConfig,
+    x: Float[Array, "b t h w c"],
+    timestep: Float[Array, " b"] | Float[Array, "b l"],
+    condition: Float[Array, "b t h w c+1"],
+) -> tuple[Float[Array, "b t h w c"], Float[Array, "b l"]]:
+    """x with the condition's given frames written in, and per-token timesteps that are 0 on
+    them (`WanConfig.expand_timesteps`). A token's mask is its patch's first latent sample
+    (diffusers reads `mask[:, ::2, ::2]`)."""
+    c = config.out_channels
+    if condition.shape != (*x.shape[:-1], c + 1):
+        raise ValueError(
+            f"condition must be {(*x.shape[:-1], c + 1)} (image latents + mask), got "
+            f"{condition.shape}"
+        )
+    mask = condition[..., c:].astype(jnp.float32)  # 1 where the frame is given
+    x = (mask * condition[..., :c] + (1.0 - mask) * x).astype(x.dtype)
+    pt, ph, pw = config.patch_size
+    noisy = 1.0 - mask[:, ::pt, ::ph, ::pw, 0].reshape(x.shape[0], -1)  # (b, l)
+    t = timestep.astype(jnp.float32)
+    return x, (t[:, None] if t.ndim == 1 else t) * noisy
 
 
 def _head_modulation(table: nnx.Param, temb: jax.Array) -> tuple[jax.Array, jax.Array]:
