@@ -223,6 +223,17 @@ def generate(
             "FILE[:SCALE], repeatable; the scale defaults to 1.",
         ),
     ] = None,
+    image: Annotated[
+        Path | None,
+        typer.Option(
+            help="Image-to-video: the first frame (png, jpg, ...), resized to the video size. "
+            "Required by i2v presets, optional for ti2v ones (see `vidax models`)."
+        ),
+    ] = None,
+    guidance_2: Annotated[
+        float | None,
+        typer.Option(help="Two-expert models (Wan 2.2 A14B): the low-noise expert's guidance."),
+    ] = None,
 ) -> None:
     """Generate a video and write it as mp4 (or .npz: raw frames, latents, initial noise)."""
     import numpy as np
@@ -232,7 +243,7 @@ def generate(
     from vidax.models.lora import LoraSpec
     from vidax.models.weights import resolve_spec, with_vae
     from vidax.text import load_prompt_embeds
-    from vidax.video import write_frames, write_video
+    from vidax.video import read_image, write_frames, write_video
 
     console = _stderr()
     if fps is not None and fps < 1:
@@ -261,6 +272,8 @@ def generate(
             "--save-frames": save_frames is not None,
             "--out *.npz": out.suffix == ".npz",
             "--lora": bool(lora),
+            "--image": image is not None,
+            "--guidance-2": guidance_2 is not None,
         }
         given = [flag for flag, used in ignored.items() if used]
         if given:
@@ -284,6 +297,7 @@ def generate(
         console.print(f"LoRA {item.path.name} x{item.scale:g}", highlight=False)
     if checkpoint is not None and not checkpoint.exists():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    first_frame = None if image is None else read_image(image)
     spec = resolve_spec(model, checkpoint)
     if vae is not None:
         spec = with_vae(spec, vae)
@@ -325,6 +339,8 @@ def generate(
             on_step=bar.step,
             random_weights=random_weights,
             lora=loras,
+            image=first_frame,
+            guidance_2=guidance_2,
             **accel_options,
         )
     if video.frames is None:
@@ -375,8 +391,15 @@ def _describe(spec) -> str:
     params = spec.num_params() / 1e6
     return (
         f"{spec.name}: {spec.family} transformer ({params:.1f}M parameters, {c.num_layers} "
-        f"layers, {c.param_dtype}), VAE {spec.vae_name}, sampler {d.sampler} shift {d.shift:g}"
+        f"layers, {c.param_dtype}){_experts(spec)}, VAE {spec.vae_name}, sampler {d.sampler} "
+        f"shift {d.shift:g}{'' if spec.task == 't2v' else f', {spec.task}'}"
     )
+
+
+def _experts(spec) -> str:
+    if spec.boundary_ratio is None:
+        return ""
+    return f" x2 experts (switch at t={spec.boundary_ratio * 1000:g})"
 
 
 def _stream(model, prompt, out, frames, height, width, seed, set_, random_weights) -> None:
@@ -430,7 +453,7 @@ def list_models() -> None:
         else:
             spec = models.get(name)
             family, frames = spec.family, spec.defaults.num_frames
-            shipped = not missing_weights(spec)
+            shipped = not missing_weights(spec, image_encoder=True)
         d = spec.defaults
         rows.append(
             (
@@ -440,7 +463,9 @@ def list_models() -> None:
                     f"{frames}x{d.height}x{d.width}",
                     "shipped" if shipped else "needs --checkpoint",
                 ),
-                f"{family} DiT, VAE {spec.vae}, text encoder {spec.text_encoder}",
+                f"{family} DiT{_experts(spec)}, {spec.task}, VAE {spec.vae_name}, text "
+                f"encoder {spec.text_encoder}"
+                + (f", image encoder {spec.image_encoder}" if spec.image_encoder else ""),
             )
         )
     # Plain text, two lines a preset: nothing is cut, and a row fits 80 columns.
