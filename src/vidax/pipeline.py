@@ -55,6 +55,7 @@ from vidax.models.weights import (
     load_vae,
     missing_message,
     missing_weights,
+    random_image_encoder,
     random_text_encoder,
     random_transformer,
     resolve_spec,
@@ -515,12 +516,10 @@ def generate(
         if lora:
             merge_loras(transformer, spec, lora)
         if spec.boundary_ratio is not None:
-            second = load_transformer_2(
-                spec,
-                checkpoint,
-                mesh=mesh,
-                strategy=strategy,
-                random_weights=TRANSFORMER_2 in missing,
+            second: VideoDiT | None = (
+                random_transformer(spec, mesh, strategy, seed=1)  # (warned above)
+                if TRANSFORMER_2 in missing
+                else load_transformer_2(spec, checkpoint, mesh=mesh, strategy=strategy)
             )
             assert second is not None and isinstance(transformer, VideoDiT)
             transformer = TwoExperts(transformer, second, spec.boundary_ratio)
@@ -531,10 +530,10 @@ def generate(
             vae = load_vae(spec, checkpoint)
     condition = None
     if image is not None:
-        if image_encoder is None and spec.image_encoder is not None:
-            image_encoder = load_image_encoder(
-                spec, checkpoint, random_weights=IMAGE_ENCODER in missing
-            )
+        if image_encoder is None and IMAGE_ENCODER in missing:
+            image_encoder = random_image_encoder(spec)  # (warned above)
+        elif image_encoder is None:
+            image_encoder = load_image_encoder(spec, checkpoint)
         extra = image_conditioning(
             spec, image, vae, image_encoder, num_frames, height, width, text.batch
         )

@@ -241,6 +241,12 @@ def load_image_encoder(
     if not random_weights:
         raise CheckpointError(missing_message(spec, [IMAGE_ENCODER]))
     warn_random(spec, [IMAGE_ENCODER])
+    return random_image_encoder(spec)
+
+
+def random_image_encoder(spec: ModelSpec) -> clip_vision.CLIPVisionEncoder:
+    """The spec's image encoder on random initialisation (seed 0)."""
+    assert spec.image_encoder is not None
     config = clip_vision.PRESETS[spec.image_encoder]
     return clip_vision.CLIPVisionEncoder(config, rngs=nnx.Rngs(0))
 
