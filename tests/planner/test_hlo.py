@@ -447,3 +447,29 @@ def test_compiled_hlo_is_identical_across_placements(tpu_topology):
         mesh = realize(placement, topo, ("fsdp", "tensor"))
         texts.add(_scanned_mlp(mesh, layers=2, batch=64, d=256, f=512).as_text())
     assert len(texts) == 1
+
+
+_BRANCHES = """HloModule experts, num_partitions=1
+
+%cheap (a: f32[8,8]) -> f32[8,8] {
+  ROOT %a = f32[8,8]{1,0} parameter(0)
+}
+
+%expert (b: f32[8,8]) -> f32[8,8] {
+  %b = f32[8,8]{1,0} parameter(0)
+  ROOT %d = f32[8,8]{1,0} dot(%b, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (p: pred[], x: f32[8,8]) -> f32[8,8] {
+  %p = pred[] parameter(0)
+  %x = f32[8,8]{1,0} parameter(1)
+  %c1 = f32[8,8]{1,0} conditional(%p, %x, %x), branch_computations={%expert, %cheap}
+  ROOT %c2 = f32[8,8]{1,0} conditional(%p, %c1, %c1), branch_computations={%cheap, %expert}
+}
+"""
+
+
+def test_a_conditional_costs_its_costliest_branch_once():
+    # Two experts behind a lax.cond: one runs per step, whichever order the branches are in.
+    analysis = analyze_hlo(_BRANCHES)
+    assert analysis.flops == 2 * (2 * 8 * 8 * 8)

@@ -183,3 +183,28 @@ def test_model_too_big_for_the_slice_raises_with_numbers():
     small = dataclasses.replace(WAN14, frames=1, height=64, width=64)
     with pytest.raises(ValueError, match=r"no candidate fits in v5e HBM \(15\.75 GiB.*GiB of w"):
         plan(small, "v5e:1x1")
+
+
+@pytest.mark.tpu_aot
+def test_image_to_video_and_two_expert_presets_are_planned(tpu_topology, monkeypatch):
+    """Issue 21 item 6: the new Wan presets trace with their image inputs; two experts hold both
+    weights but a step runs (and is priced as) one of them."""
+    from vidax.models import get, registry
+
+    topo = tpu_topology("v5e:2x4")
+    candidate = ShardingCandidate(batch=2, seq=4, tensor=1, sequence="gather", weights="replicated")
+    args = dict(frames=17, height=64, width=64)
+    for model in ("wan2.1-i2v-tiny", "wan2.2-ti2v-tiny"):
+        est = estimate_candidate(Workload(model=model, **args), candidate, topo.devices, topo.chip)
+        assert est.flops > 0 and est.param_bytes > 0
+    one = dataclasses.replace(get("wan2.2-a14b-tiny"), name="one-expert", boundary_ratio=None)
+    monkeypatch.setitem(registry._registry()[0], "one-expert", one)
+    two = estimate_candidate(
+        Workload(model="wan2.2-a14b-tiny", **args), candidate, topo.devices, topo.chip
+    )
+    single = estimate_candidate(
+        Workload(model="one-expert", **args), candidate, topo.devices, topo.chip
+    )
+    assert two.param_bytes == 2 * single.param_bytes
+    assert two.flops == pytest.approx(single.flops, rel=0.02)
+    assert two.hbm_bytes == pytest.approx(single.hbm_bytes, rel=0.02)

@@ -109,22 +109,30 @@ class Pruned:
 # ---- the traced step -------------------------------------------------------------------------
 @functools.cache
 def _abstract_model(model: str):
-    """(graphdef, abstract state) of a preset, built once per process."""
+    """(graphdef, abstract state) of a preset, built once per process. A two-expert preset
+    (Wan 2.2 A14B) holds both experts' weights; each step runs one (`TwoExperts`)."""
     from flax import nnx
 
     from vidax.models import get
+    from vidax.models.experts import TwoExperts
 
     spec = get(model)
-    return nnx.split(nnx.eval_shape(lambda: spec.build()))
+    ratio = spec.boundary_ratio
+    if ratio is None:
+        return nnx.split(nnx.eval_shape(lambda: spec.build()))
+    return nnx.split(
+        nnx.eval_shape(lambda: TwoExperts(spec.build(seed=0), spec.build(seed=1), ratio))
+    )
 
 
 def abstract_step(workload: Workload, mesh, strategy):
-    """The jitted Wan step and its abstract, sharded arguments on `mesh`.
+    """The jitted Wan step and its abstract, sharded arguments on `mesh`. Image-to-video
+    presets also take their condition channels and (Wan 2.1 I2V) image-encoder tokens.
 
     Call (and trace or lower) inside `vidax.sharding.use_mesh(mesh, strategy)`.
 
     Returns:
-        (jitted step, (state, x, timestep, context) ShapeDtypeStructs).
+        (jitted step, (state, x, timestep, context, image inputs) ShapeDtypeStructs).
     """
     from flax import nnx
     from jax.sharding import NamedSharding
@@ -147,12 +155,24 @@ def abstract_step(workload: Workload, mesh, strategy):
     x = jax.ShapeDtypeStruct((b, *workload.latent_shape), jnp.float32, sharding=batched)
     t = jax.ShapeDtypeStruct((b,), jnp.float32, sharding=batched)
     ctx = jax.ShapeDtypeStruct((b, config.text_len, config.text_dim), jnp.float32, sharding=batched)
+    image: dict = {}
+    if workload.spec.task != "t2v":
+        image["condition"] = jax.ShapeDtypeStruct(
+            (b, *workload.latent_shape[:3], config.image_channels), jnp.float32, sharding=batched
+        )
+    if config.image_dim is not None:
+        from vidax.models import clip_vision
+
+        tokens = clip_vision.PRESETS[workload.spec.image_encoder].num_tokens
+        image["image"] = jax.ShapeDtypeStruct(
+            (b, tokens, config.image_dim), jnp.float32, sharding=batched
+        )
 
     @jax.jit
-    def step(state, x, t, ctx):
-        return nnx.merge(graphdef, state)(x, t, ctx)
+    def step(state, x, t, ctx, image):
+        return nnx.merge(graphdef, state)(x, t, ctx, **image)
 
-    return step, (state, x, t, ctx)
+    return step, (state, x, t, ctx, image)
 
 
 def candidate_mesh(candidate: ShardingCandidate, devices: Sequence):
@@ -236,6 +256,19 @@ def _walk(jaxpr, out: _Walk, mult: float, local: bool, in_scan: bool) -> None:
             aval = eqn.outvars[0].aval
             shard = _padded_shard_shape(eqn.params["sharding"], aval.shape)
             out.constraint_bytes.append(math.prod(shard) * aval.dtype.itemsize)
+        if name == "cond":  # one branch runs (e.g. one of two experts): price the costliest
+            walks = []
+            for branch in eqn.params["branches"]:
+                w = _Walk()
+                _walk(branch.jaxpr, w, mult, local, in_scan)
+                walks.append(w)
+            worst = max(walks, key=lambda w: w.global_flops + w.local_flops)
+            out.global_flops += worst.global_flops
+            out.local_flops += worst.local_flops
+            for kind, nbytes in worst.local_collectives.items():
+                out.local_collectives[kind] = out.local_collectives.get(kind, 0.0) + nbytes
+            out.constraint_bytes.extend(worst.constraint_bytes)
+            continue
         sub_mult = mult * eqn.params["length"] if name == "scan" else mult
         for sub in _sub_jaxprs(eqn.params):
             _walk(sub, out, sub_mult, local or name == "shard_map", in_scan or name == "scan")
@@ -333,7 +366,9 @@ def estimate_candidate(
         per_layer += [("all-gather", s, bl * padded * dt * e)] * 2  # k, v
     if s > 1 and candidate.sequence == "ulysses":
         per_layer += [("all-to-all", s, bl * local_tokens * dt * e)] * 6  # q k v o, cross q o
-    layer_params = global_param_bytes / layers
+    # Two experts (Wan 2.2 A14B) both stay resident, but a step runs (gathers, reads) one.
+    experts = 1 if workload.spec.boundary_ratio is None else 2
+    layer_params = global_param_bytes / experts / layers
     if candidate.weights == "fsdp" and b * s > 1:
         per_layer.append(("all-gather", b * s, layer_params / t))
 
@@ -365,7 +400,9 @@ def estimate_candidate(
     io = 3 * bl * math.prod(workload.latent_shape) * 4 // s  # latent in, flow out (f32)
     activations += io
 
-    weights_read = layers * layer_params / t if candidate.weights == "fsdp" else param_bytes
+    weights_read = (
+        layers * layer_params / t if candidate.weights == "fsdp" else param_bytes / experts
+    )
     hbm_bytes = weights_read + layers * 24 * residual
     compute = max(flops / chip.peak_flops, hbm_bytes / chip.hbm_bandwidth)
     return Estimate(

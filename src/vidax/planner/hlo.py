@@ -615,6 +615,28 @@ class _Walker:
         self.ops: list[OpCost] = []
         self.loops: list[WhileLoop] = []
 
+    def _conditional(self, inst: Instruction, count: int, known: bool) -> None:
+        """One branch runs per execution (e.g. one of two experts): keep the costliest
+        branch's ops and collectives (by FLOPs, then HBM and collective bytes), not the sum of
+        all branches."""
+        ops, collectives, loops = len(self.ops), len(self.collectives), len(self.loops)
+        branches = []
+        for _, name in inst.called():
+            self.walk(self.module.computations[name], count, known)
+            branches.append((self.ops[ops:], self.collectives[collectives:], self.loops[loops:]))
+            del self.ops[ops:], self.collectives[collectives:], self.loops[loops:]
+        if branches:
+            best = max(
+                branches,
+                key=lambda b: (
+                    sum(o.flops * o.count for o in b[0]),
+                    sum(o.bytes * o.count for o in b[0]),
+                ),
+            )
+            self.ops.extend(best[0])
+            self.collectives.extend(best[1])
+            self.loops.extend(best[2])
+
     # -- computation walk --
     def walk(self, comp: Computation, count: int, known: bool) -> None:
         # Async windows open in this computation: start name -> (partial Collective, first op).
@@ -625,9 +647,7 @@ class _Walker:
             if op == "while":
                 self._while(comp, inst, count, known)
             elif op == "conditional":
-                # Each branch counted once: an upper bound when branches differ.
-                for _, name in inst.called():
-                    self.walk(self.module.computations[name], count, known)
+                self._conditional(inst, count, known)
             elif op == "call":
                 for _, name in inst.called():
                     self.walk(self.module.computations[name], count, known)
