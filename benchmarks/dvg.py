@@ -36,6 +36,7 @@ from vidax.data import EVAL_PROMPTS
 from vidax.eval.harness import TABLE_METRICS
 from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
+from vidax.sampling import step_cache
 from vidax.text import embed_prompts
 
 FIXED = ("spatial", "temporal", "joint")
@@ -83,9 +84,28 @@ def hlo_step_flops(spec_name: str, latent: tuple[int, int, int], batch: int) -> 
     return analyze_hlo(compiled.as_text()).flops
 
 
-def plan_flops(spec_name: str, p: dvg.Plan, batch: int) -> float:
-    """FLOPs of a plan's model evaluations (padded stage shapes) from compiled HLO."""
-    return sum((s.stop - s.start) * hlo_step_flops(spec_name, s.padded, batch) for s in p.stages)
+def plan_flops(spec_name: str, p: dvg.Plan, batch: int, skip=None) -> float:
+    """FLOPs of a plan's model evaluations (padded stage shapes) from compiled HLO; with `skip`
+    (base steps reusing the previous forward, `vidax.sampling.step_cache`), the forwards the
+    step cache runs: a stage's first step and a reduced stage's last step always compute."""
+    total = 0.0
+    for i, s in enumerate(p.stages):
+        n = s.stop - s.start
+        skipped = 0
+        if skip is not None:
+            last = n - 1 if i < len(p.stages) - 1 else n  # a reduced stage's last step computes
+            skipped = sum(skip[s.start + j] for j in range(1, last))
+        total += (n - skipped) * hlo_step_flops(spec_name, s.padded, batch)
+    return total
+
+
+def stated_skips(steps: int) -> tuple[bool, ...]:
+    """The step cache's skip plan at its default keep for a calibration in which every step's
+    change is the same: the plan its rules alone make (no skip in the warm-up or at the last
+    step, never two in a row). A stated skip rate for models whose weights are absent."""
+    changes = np.ones(steps)
+    changes[0] = np.nan
+    return step_cache.plan_skips(changes, step_cache.DEFAULT_KEEP, warn=False)
 
 
 # -- the tiny-model comparison --------------------------------------------------------------------
@@ -444,18 +464,32 @@ def run_large(args) -> None:
                 f"    probe {probe} on {pp.stages[0].shape}: {probe_flops / full:.4f} of the FLOPs"
             )
         seen = set()
+        skip = stated_skips(d.steps)
+        computed = d.steps - sum(skip)
+        print(
+            f"    cache: keep {step_cache.DEFAULT_KEEP:g} -> {computed} of {d.steps} forwards "
+            f"(skip rate {sum(skip) / d.steps:.2f}: a calibration where every step changes "
+            "alike, so the cache's rules alone place the skips)"
+        )
+        print(
+            f"    {'cache':<20} {'':<52} forwards {computed / d.steps:.3f}  "
+            f"FLOPs {d.steps / computed:5.2f}x"
+        )
         for label, c in rows.items():
             p = dvg.plan(c.schedule, latent, patch, solver)
             flops = plan_flops(name, p, batch)
+            cached = plan_flops(name, p, batch, skip=skip)
             if label.startswith("dvg") and c.schedule.stages[0] != probe:
                 flops += probe_flops  # the probe ran and was not resumed
+                cached += probe_flops
             speedup = full / flops
             key = (c.schedule, label.startswith("dvg"))
             note = "" if key not in seen else " (same)"
             seen.add(key)
             print(
                 f"    {label:<20} {c.schedule.describe():<52} tok-steps {c.cost:.3f}  "
-                f"FLOPs {speedup:5.2f}x {'PASS' if speedup >= 5 else 'FAIL'}{note}"
+                f"FLOPs {speedup:5.2f}x {'PASS' if speedup >= 5 else 'FAIL'}; +cache "
+                f"{full / cached:5.2f}x{note}"
             )
 
 
