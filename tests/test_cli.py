@@ -353,3 +353,51 @@ def test_libtpu_start_up_lines_are_hidden_unless_verbose(tmp_path):
         [sys.executable, "-m", "vidax", "--verbose", *plan], capture_output=True, text=True
     )
     assert loud.returncode == 0 and "TPU_WORKER_HOSTNAMES" in loud.stderr
+
+
+def test_image_to_video_and_two_experts_on_tiny_presets(tmp_path):
+    from PIL import Image
+
+    image = tmp_path / "first.png"
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(image)
+    common = ["--prompt", "a red circle", "--random-weights", "--steps", "3"]
+    out = tmp_path / "i2v.mp4"
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            "wan2.1-i2v-tiny",
+            "--image",
+            str(image),
+            *common,
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert read_video(out).shape == (9, 64, 64, 3)
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            "wan2.2-a14b-tiny",
+            "--guidance-2",
+            "2",
+            *common,
+            "--out",
+            str(tmp_path / "a14b.mp4"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    # What a preset cannot take is a one-line error.
+    for args, message in [
+        (["--model", "tiny", "--image", str(image)], "'tiny' is text-to-video: it takes no image"),
+        (["--model", "tiny", "--guidance-2", "2"], "'tiny' has one transformer"),
+        (["--model", "wan2.1-i2v-tiny", "--image", str(tmp_path / "nope.png")], "image not found"),
+    ]:
+        result = runner.invoke(app, ["generate", *args, *common, "--out", str(tmp_path / "x.mp4")])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
