@@ -80,7 +80,10 @@ def test_models_lists_causal_presets_and_weights_status_uncut_at_80_columns():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(map(len, lines)) <= 80
-    status = {line.split()[0]: line.split("  ")[-1].strip() for line in lines[1::2]}
+    # A preset's line, then its parts indented below it (wrapped where long).
+    rows = [line for line in lines[1:] if not line.startswith(" ")]
+    status = {line.split()[0]: line.split("  ")[-1].strip() for line in rows}
+    assert "hunyuanvideo1.5-i2v" in status and "siglip-so400m-patch14-384" in result.output
     assert status["tiny"] == status["tiny-causal"] == "shipped"
     for name in ("tiny-v2", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny", "wan2.1-1.3b"):
         assert status[name] == "needs --checkpoint"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import textwrap
 import time
 import typing
 import warnings
@@ -468,7 +469,8 @@ def list_models() -> None:
                 + (f", image encoder {spec.image_encoder}" if spec.image_encoder else ""),
             )
         )
-    # Plain text, two lines a preset: nothing is cut, and a row fits 80 columns.
+    # Plain text, a line a preset and its parts below it, indented (wrapped where long):
+    # nothing is cut, and every line fits 80 columns.
     header = ("preset", "params", "frames x h x w", "weights")
     widths = [max(len(r[0][i]) for r in [(header, ""), *rows]) for i in range(len(header))]
 
@@ -477,7 +479,8 @@ def list_models() -> None:
 
     typer.echo(line(header))
     for cells, parts in rows:
-        typer.echo(f"{line(cells)}\n    {parts}")
+        typer.echo(line(cells))
+        typer.echo(textwrap.fill(parts, 80, initial_indent="    ", subsequent_indent="      "))
 
 
 def _human(n: int) -> str:

@@ -37,7 +37,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import dvg, sampling
 from vidax.checkpoint import CheckpointError, write_atomic
-from vidax.models import clip_vision
 from vidax.models.dit_stages import VideoDiT
 from vidax.models.experts import NUM_TRAIN_TIMESTEPS, TwoExperts
 from vidax.models.lora import LoraLike, merge_loras
@@ -308,7 +307,9 @@ def image_conditioning(
 ) -> Conditioning:
     """The forward's image-to-video arguments for a first frame, by the spec's family:
     `condition` (b, t, h, w, k) on the latent grid (`vidax.models.<family>.image_condition`)
-    and the image encoder's tokens where the model reads them (`image_inputs`).
+    and the image encoder's tokens where the model reads them (the encoder's own
+    `preprocess` of the image, or of the first frame at the video size where the family's
+    `ENCODER_SEES_FIRST_FRAME`; its output the family's `image_tokens`; `image_inputs`).
 
     Raises:
       ValueError: no VAE to encode the image, or an image batch that is neither 1 nor `batch`.
@@ -316,10 +317,10 @@ def image_conditioning(
     family = spec.family_module
     if vae is None:
         raise ValueError(f"model {spec.name!r} has no VAE to encode the image with")
-    pixels = image_pixels(image, height, width)
-    if pixels.shape[0] not in (1, batch):
-        raise ValueError(f"{pixels.shape[0]} images for {batch} prompts: pass 1 or {batch}")
-    pixels = np.broadcast_to(pixels, (batch, *pixels.shape[1:]))
+    frames = image_pixels(image, height, width)
+    if frames.shape[0] not in (1, batch):
+        raise ValueError(f"{frames.shape[0]} images for {batch} prompts: pass 1 or {batch}")
+    pixels = np.broadcast_to(frames, (batch, *frames.shape[1:]))
     graphdef, state = nnx.split(vae)
     encode = functools.partial(_compiled_encode(graphdef), state)
     latent_frames = spec.geometry().latent_shape(num_frames, height, width)[0]
@@ -328,11 +329,15 @@ def image_conditioning(
     )
     tokens = None
     if image_encoder is not None:
-        images = np.asarray(image)
-        images = images[None] if images.ndim == 3 else images
-        clip_pixels = clip_vision.preprocess(images, image_encoder.config)
+        if family.ENCODER_SEES_FIRST_FRAME:  # the image at the video size, as the VAE sees it
+            shown = np.round((frames + 1.0) * 127.5).astype(np.uint8)
+        else:
+            shown = np.asarray(image)
+            shown = shown[None] if shown.ndim == 3 else shown
+        encoder_pixels = image_encoder.preprocess(shown)
         graphdef, state = nnx.split(image_encoder)
-        tokens = _compiled_image_tokens(graphdef)(state, jnp.asarray(clip_pixels))
+        read = _compiled_image_tokens(graphdef, family, spec.config)
+        tokens = read(state, jnp.asarray(encoder_pixels))
         tokens = jnp.broadcast_to(tokens, (batch, *tokens.shape[1:]))
     return {"condition": condition, **family.image_inputs(spec.config, tokens)}
 
@@ -343,9 +348,11 @@ def _compiled_encode(graphdef):
 
 
 @functools.lru_cache(maxsize=4)
-def _compiled_image_tokens(graphdef):
-    # Wan 2.1 I2V reads the CLIP encoder's penultimate hidden states.
-    return jax.jit(lambda state, pixels: nnx.merge(graphdef, state).hidden_states(pixels, -2))
+def _compiled_image_tokens(graphdef, family: ModuleType, config):
+    # Which of the encoder's outputs the DiT reads is its family's `image_tokens`.
+    return jax.jit(
+        lambda state, pixels: family.image_tokens(config, nnx.merge(graphdef, state), pixels)
+    )
 
 
 # -- the user-facing call -------------------------------------------------------------------------
@@ -423,7 +430,8 @@ def generate(
       image: the first frame, (H, W, 3) or (b, H, W, 3), uint8 or floats in [0, 1]: required
         by image-to-video presets (`spec.task` "i2v"), optional for "ti2v", refused by
         text-to-video ones. Resized to the video size; encoded by the VAE (and, for Wan 2.1
-        I2V, the CLIP image encoder) into the model's condition.
+        I2V and HunyuanVideo-1.5 I2V, the CLIP / SigLIP image encoder) into the model's
+        condition.
       guidance_2: two-expert models (Wan 2.2 A14B): the low-noise expert's guidance scale
         (default: the preset's `guidance_2`, else `guidance`).
       image_encoder: an already-built image encoder (skip loading it).

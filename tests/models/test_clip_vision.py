@@ -56,7 +56,7 @@ def _pixels(seed, b=2, config=TINY):
         (dict(hidden_size=0), "hidden_size"),
         (dict(num_hidden_layers=-1), "num_hidden_layers"),
         (dict(num_attention_heads=5), "divisible"),
-        (dict(patch_size=5), "divide image_size"),
+        (dict(patch_size=33), "larger than image_size"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
         (dict(hidden_act="relu"), "hidden_act"),
         (dict(dtype="int8"), "dtype"),

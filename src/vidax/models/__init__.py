@@ -6,11 +6,13 @@ model = spec.load(checkpoint_dir)
 
 from vidax.models.registry import (
     CausalPreset,
+    ImageEncoderSpec,
     ModelSpec,
     SamplingDefaults,
     VAESpec,
     get,
     get_causal,
+    get_image_encoder,
     get_vae,
     is_causal,
     names,
@@ -18,11 +20,13 @@ from vidax.models.registry import (
 
 __all__ = [
     "CausalPreset",
+    "ImageEncoderSpec",
     "ModelSpec",
     "SamplingDefaults",
     "VAESpec",
     "get",
     "get_causal",
+    "get_image_encoder",
     "get_vae",
     "is_causal",
     "names",

@@ -208,3 +208,34 @@ def with_condition(
             f"{condition.shape}"
         )
     return jnp.concatenate([x, condition.astype(x.dtype)], axis=-1)
+
+
+def first_frame_condition(
+    encode: Callable[[jax.Array], jax.Array],
+    pixels: Float[Array, "b H W 3"],
+    latent_frames: int,
+    channels: int,
+) -> Float[Array, "b t h w k"]:
+    """The condition of a model given its first latent frame (HunyuanVideo-1.5 I2V, Wan 2.2
+    TI2V): [latents, mask], the image encoded alone on latent frame 0 and zeros after it, and
+    one mask channel that is 1 on frame 0 and 0 elsewhere.
+
+    Args:
+      encode: video (b, F, H, W, 3) in [-1, 1] -> the VAE's (scaled) latents (b, t, h, w, c).
+      pixels: (b, H, W, 3) first frames in [-1, 1].
+      latent_frames: t, the latent frames of the video.
+      channels: the model's condition channels (`condition_channels`), c + 1.
+
+    Raises:
+      ValueError: the VAE's latent channels plus the mask are not `channels`.
+    """
+    first = encode(pixels[:, None])  # (b, 1, h, w, c)
+    if first.shape[-1] + 1 != channels:
+        raise ValueError(
+            f"the VAE's {first.shape[-1]} latent channels and a mask are not the model's "
+            f"{channels} condition channels"
+        )
+    latents = jnp.zeros((first.shape[0], latent_frames, *first.shape[2:]), first.dtype)
+    latents = latents.at[:, :1].set(first)
+    mask = jnp.zeros((*latents.shape[:-1], 1), latents.dtype).at[:, 0].set(1.0)
+    return jnp.concatenate([latents, mask], axis=-1)

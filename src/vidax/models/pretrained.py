@@ -27,6 +27,7 @@ PIPELINES = {
     "WanImageToVideoPipeline": "wan",
     "HunyuanVideoPipeline": "hunyuanvideo",
     "HunyuanVideo15Pipeline": "hunyuanvideo15",
+    "HunyuanVideo15ImageToVideoPipeline": "hunyuanvideo15",
 }
 TRANSFORMERS = {
     "WanTransformer3DModel": "wan",
@@ -52,7 +53,13 @@ NOT_SUPPORTED = {
     "HunyuanVideoImageToVideoPipeline": "HunyuanVideo image-to-video",
     "HunyuanSkyreelsImageToVideoPipeline": "SkyReels image-to-video",
     "HunyuanVideoFramepackPipeline": "HunyuanVideo FramePack",
-    "HunyuanVideo15ImageToVideoPipeline": "HunyuanVideo-1.5 image-to-video",
+}
+# The image-encoder preset a pipeline's `image_encoder` class (model_index.json) stands for:
+# its name in the spec (`load_image_encoder` builds the encoder from image_encoder/config.json).
+IMAGE_ENCODERS = {
+    "CLIPVisionModel": "clip-vit-h-14",
+    "CLIPVisionModelWithProjection": "clip-vit-h-14",
+    "SiglipVisionModel": "siglip-so400m-patch14-384",
 }
 # Families whose pipelines give the scheduler sigmas = linspace(1, 0, N+1)[:-1] instead of
 # letting it space its own (`vidax.sampling.FlowEuler.linspace_sigmas`).
@@ -190,15 +197,29 @@ def _pipeline_family(path: Path) -> str:
 
 def _pipeline_options(index: dict[str, Any]) -> dict[str, Any]:
     """`ModelSpec` fields a pipeline's model_index.json sets: its task (image-to-video
-    pipelines; Wan 2.2 TI2V's `expand_timesteps` does both), image encoder, two experts'
-    boundary; `expand_timesteps` for the transformer config."""
+    pipelines; Wan 2.2 TI2V's `expand_timesteps` does both), image encoder (by its class:
+    `IMAGE_ENCODERS`), two experts' boundary; `expand_timesteps` for the transformer config.
+
+    Raises:
+      CheckpointError: an image encoder class vidax does not run.
+    """
     name = index.get("_class_name", "")
     expand = bool(index.get("expand_timesteps"))
     task = "ti2v" if expand else ("i2v" if "ImageToVideo" in name else "t2v")
     ratio = index.get("boundary_ratio")
+    entry = index.get("image_encoder")
+    image_encoder = None
+    if isinstance(entry, list) and _present(entry):
+        encoder_class = entry[-1]  # [library, class]
+        if encoder_class not in IMAGE_ENCODERS:
+            raise CheckpointError(
+                f"image encoder {encoder_class!r} is not one vidax runs "
+                f"({', '.join(IMAGE_ENCODERS)})"
+            )
+        image_encoder = IMAGE_ENCODERS[encoder_class]
     return {
         "task": task,
-        "image_encoder": "clip-vit-h-14" if _present(index.get("image_encoder")) else None,
+        "image_encoder": image_encoder,
         "boundary_ratio": None if ratio is None else float(ratio),
         "expand_timesteps": expand,
     }

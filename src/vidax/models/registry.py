@@ -21,7 +21,16 @@ import jax
 from flax import nnx
 
 from vidax import sampling
-from vidax.models import hunyuan, hunyuan15, hunyuan15_vae, hunyuan_vae, wan, wan_vae
+from vidax.models import (
+    clip_vision,
+    hunyuan,
+    hunyuan15,
+    hunyuan15_vae,
+    hunyuan_vae,
+    siglip_vision,
+    wan,
+    wan_vae,
+)
 from vidax.models.causal import ForcingConfig
 from vidax.models.dit_stages import VideoDiT
 from vidax.models.geometry import LatentGeometry
@@ -112,8 +121,8 @@ class ModelSpec:
         beside the transformer's); None: the hashed vectors go to the DiT as they are.
       task: "t2v" (text-to-video: an image is refused), "i2v" (image-to-video: an image is
         required) or "ti2v" (either).
-      image_encoder: the image encoder preset (`vidax.models.clip_vision`) whose tokens an
-        image-to-video transformer reads, weights in the checkpoint's `image_encoder/`; None.
+      image_encoder: the image encoder preset (`get_image_encoder`: CLIP or SigLIP) whose tokens
+        an image-to-video transformer reads, weights in the checkpoint's `image_encoder/`; None.
       boundary_ratio: two experts (Wan 2.2 A14B): the transformer denoises timesteps
         t >= boundary_ratio * 1000 and a second one of the same config (the checkpoint's
         `transformer_2/`) the rest, with `defaults.guidance_2`; None: one transformer.
@@ -162,6 +171,11 @@ class ModelSpec:
         if self.vae is None or isinstance(self.vae, VAESpec):
             return self.vae
         return get_vae(self.vae)
+
+    @property
+    def image_encoder_spec(self) -> ImageEncoderSpec | None:
+        """The image encoder preset this model reads image tokens from (None: none)."""
+        return None if self.image_encoder is None else get_image_encoder(self.image_encoder)
 
     @property
     def vae_name(self) -> str | None:
@@ -481,6 +495,26 @@ def _specs() -> dict[str, ModelSpec]:
                     ),
                 )
             )
+    # HunyuanVideo-1.5 image-to-video: the text-to-video transformer's shape, reading the
+    # first frame's latent beside the noise and its SigLIP tokens; diffusers' 480p I2V pipeline
+    # samples as the 480p T2V one does (121 frames, 50 steps, CFG 6, shift 5; the 720p I2V model
+    # uses shift 7). The tiny stand-in reads a tiny SigLIP's 16 tokens.
+    t2v = {s.name: s for s in specs}
+    specs += [
+        dataclasses.replace(
+            t2v["hunyuanvideo1.5"],
+            name="hunyuanvideo1.5-i2v",
+            task="i2v",
+            image_encoder="siglip-so400m-patch14-384",
+        ),
+        dataclasses.replace(
+            t2v["hunyuanvideo1.5-tiny"],
+            name="hunyuanvideo1.5-i2v-tiny",
+            config=dataclasses.replace(t2v["hunyuanvideo1.5-tiny"].config, image_len=16),
+            task="i2v",
+            image_encoder="siglip-tiny",
+        ),
+    ]
     return {s.name: s for s in specs}
 
 
@@ -514,21 +548,89 @@ class VAESpec:
         return self.module(self.config, rngs=nnx.Rngs(seed))
 
 
-def get_vae(name: str) -> VAESpec:
-    """The VAE preset `name` from any VAE family; a clear error lists the known presets."""
+def _find_preset(families: dict[str, Family[Any]], name: str, what: str) -> tuple[str, Any]:
+    """(family, config) of preset `name` among `families`' PRESETS, one namespace for all of
+    them; a clear error lists the known presets."""
     known: dict[str, tuple[str, Any]] = {}
-    for family, entry in VAE_FAMILIES.items():
-        presets = entry.module.PRESETS
-        for preset, config in presets.items():
-            if preset in known:  # one namespace for all families: a clash would shadow silently
+    for family, entry in families.items():
+        for preset, config in entry.module.PRESETS.items():
+            if preset in known:  # a clash would shadow silently
                 raise ValueError(
-                    f"VAE preset {preset!r} is defined by {known[preset][0]!r} and {family!r}"
+                    f"{what} preset {preset!r} is defined by {known[preset][0]!r} and {family!r}"
                 )
             known[preset] = (family, config)
     if name not in known:
-        raise ValueError(f"unknown VAE {name!r}; known VAEs: {', '.join(sorted(known))}")
-    family, config = known[name]
+        raise ValueError(f"unknown {what} {name!r}; known {what}s: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def get_vae(name: str) -> VAESpec:
+    """The VAE preset `name` from any VAE family; a clear error lists the known presets."""
+    family, config = _find_preset(VAE_FAMILIES, name, "VAE")
     return VAESpec(name=name, family=family, config=config)
+
+
+class ImageEncoder(Protocol):
+    """An image-to-video model's image encoder (`clip_vision.CLIPVisionEncoder`,
+    `siglip_vision.SiglipVisionEncoder`): its config, and its own preprocessing (RGB images
+    (b, H, W, 3) -> its input pixels, on the host). Which of its outputs a DiT reads is the DiT
+    family's `image_tokens`."""
+
+    config: Any
+
+    def preprocess(self, images: Any) -> Any: ...
+
+
+# Image-encoder families (image-to-video): package exporting PRESETS, `load(path, config)`,
+# `from_hf_config` and ARCHITECTURES (the transformers classes whose checkpoints it reads).
+IMAGE_ENCODER_FAMILIES: dict[str, Family[nnx.Module]] = {
+    "clip": Family(clip_vision, clip_vision.CLIPVisionEncoder),
+    "siglip": Family(siglip_vision, siglip_vision.SiglipVisionEncoder),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageEncoderSpec:
+    """An image encoder: its family ("clip", "siglip"), config, class and loader."""
+
+    name: str
+    family: str
+    config: Any
+
+    @property
+    def module(self) -> ModuleType:
+        """The family's package (`vidax.models.clip_vision`, ...)."""
+        return IMAGE_ENCODER_FAMILIES[self.family].module
+
+    @property
+    def loader(self) -> Callable:
+        """`load(path, config, *, mesh=None, strategy=None)` of the family."""
+        return self.module.load
+
+    def build(self, *, seed: int = 0) -> nnx.Module:
+        """A randomly initialised encoder (use `loader` for real weights)."""
+        return IMAGE_ENCODER_FAMILIES[self.family].model(self.config, rngs=nnx.Rngs(seed))
+
+
+def get_image_encoder(name: str) -> ImageEncoderSpec:
+    """The image-encoder preset `name` from any image-encoder family; a clear error lists the
+    known presets."""
+    family, config = _find_preset(IMAGE_ENCODER_FAMILIES, name, "image encoder")
+    return ImageEncoderSpec(name=name, family=family, config=config)
+
+
+def image_encoder_family(architecture: str) -> str:
+    """The image-encoder family whose loader reads checkpoints of the transformers class
+    `architecture` (a `config.json`'s "architectures" entry).
+
+    Raises:
+      ValueError: no family reads that class.
+    """
+    for family, entry in IMAGE_ENCODER_FAMILIES.items():
+        if architecture in entry.module.ARCHITECTURES:
+            return family
+    known = [a for entry in IMAGE_ENCODER_FAMILIES.values() for a in entry.module.ARCHITECTURES]
+    raise ValueError(f"image encoder {architecture!r} is not one vidax runs ({', '.join(known)})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -23,9 +23,15 @@ import jax
 from flax import nnx
 
 from vidax.checkpoint import CheckpointError
-from vidax.models import clip_vision, pretrained, word_encoder
+from vidax.models import pretrained, word_encoder
 from vidax.models.dit_stages import VideoDiT
-from vidax.models.registry import ASSETS, ModelSpec, get
+from vidax.models.registry import (
+    ASSETS,
+    IMAGE_ENCODER_FAMILIES,
+    ModelSpec,
+    get,
+    image_encoder_family,
+)
 from vidax.sharding import param_shardings
 
 # The parts of a preset that need weights, as `missing_weights` names them.
@@ -219,36 +225,45 @@ def load_transformer_2(
 
 def load_image_encoder(
     spec: ModelSpec, checkpoint: str | os.PathLike | None, *, random_weights: bool = False
-) -> clip_vision.CLIPVisionEncoder | None:
+) -> nnx.Module | None:
     """The image encoder an image-to-video spec reads (`spec.image_encoder`) from
-    `<checkpoint>/image_encoder` (transformers' CLIP export), or (only with `random_weights`,
-    warning) random weights; None for a spec without one.
+    `<checkpoint>/image_encoder` (a transformers export: its config.json's class, e.g.
+    `CLIPVisionModel` or `SiglipVisionModel`, says which encoder; without a config.json, the
+    spec's preset), or (only with `random_weights`, warning) random weights; None for a spec
+    without one.
 
     Raises:
-      CheckpointError: no weights and not `random_weights`, or a checkpoint that does not fit.
+      CheckpointError: no weights and not `random_weights`, a checkpoint that does not fit, or
+        an encoder class vidax does not run.
     """
-    if spec.image_encoder is None:
+    preset = spec.image_encoder_spec
+    if preset is None:
         return None
     path = _image_encoder_path(None if checkpoint is None else Path(checkpoint))
     if path is not None:
         config_file = path / "config.json"
-        config = (
-            clip_vision.from_hf_config(pretrained.read_config(config_file))
-            if config_file.is_file()
-            else clip_vision.PRESETS[spec.image_encoder]
-        )
-        return clip_vision.load(path, config)
+        if not config_file.is_file():
+            return preset.loader(path, preset.config)
+        config = pretrained.read_config(config_file)
+        architectures = config.get("architectures") or []
+        try:
+            family = image_encoder_family(architectures[0]) if architectures else preset.family
+        except ValueError as e:
+            raise CheckpointError(f"{config_file}: {e}") from None
+        module = IMAGE_ENCODER_FAMILIES[family].module
+        return module.load(path, module.from_hf_config(config))
     if not random_weights:
         raise CheckpointError(missing_message(spec, [IMAGE_ENCODER]))
     warn_random(spec, [IMAGE_ENCODER])
     return random_image_encoder(spec)
 
 
-def random_image_encoder(spec: ModelSpec) -> clip_vision.CLIPVisionEncoder:
-    """The spec's image encoder on random initialisation (seed 0)."""
-    assert spec.image_encoder is not None
-    config = clip_vision.PRESETS[spec.image_encoder]
-    return clip_vision.CLIPVisionEncoder(config, rngs=nnx.Rngs(0))
+def random_image_encoder(spec: ModelSpec) -> nnx.Module:
+    """The spec's image encoder preset on random initialisation (seed 0)."""
+    preset = spec.image_encoder_spec
+    if preset is None:
+        raise ValueError(f"model {spec.name!r} has no image encoder")
+    return preset.build(seed=0)
 
 
 def random_transformer(

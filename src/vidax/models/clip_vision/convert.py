@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from vidax.checkpoint import Rule, linear_rules, open_checkpoint
+from vidax.checkpoint import Rule
+from vidax.models import vit
 from vidax.models.clip_vision.config import CLIPVisionConfig
 from vidax.models.clip_vision.model import CLIPVisionEncoder
-from vidax.models.dit_config import load_converted
 
 # Checkpoints written by transformers 4.x (Wan's `image_encoder/`, any `CLIPModel`) nest the
 # encoder under "vision_model."; transformers 5 saves a `CLIPVisionModel` without the prefix.
-PREFIXES = ("vision_model.", "")
+PREFIXES = vit.PREFIXES
 
 # Present in some checkpoints but not part of the encoder: the projection of
 # `CLIPVisionModelWithProjection` / `CLIPModel`, a full `CLIPModel`'s text half, and the
@@ -32,44 +32,17 @@ def key_map(config: CLIPVisionConfig, *, prefix: str = PREFIXES[0]) -> list[Rule
       config: the encoder's configuration (patch geometry for the patch embedding).
       prefix: one of `PREFIXES`, the checkpoint's key prefix.
     """
-    if prefix not in PREFIXES:
-        raise ValueError(f"prefix must be one of {PREFIXES}, got {prefix!r}")
-    p, c, d = config.patch_size, config.num_channels, config.hidden_size
-
-    def patch_in(w):  # Conv2d (d, c, p, p) -> Linear (p*p*c, d), rows in (ph, pw, c) order
-        return w.transpose(2, 3, 1, 0).reshape(p * p * c, d)
-
-    def patch_in_inverse(k):
-        return k.reshape(p, p, c, d).transpose(3, 2, 0, 1)
-
-    layer = f"{prefix}encoder.layers.{{i}}"
-    rules = [
-        Rule(
-            f"{prefix}embeddings.patch_embedding.weight",
-            "patch_embedding.kernel",
-            patch_in,
-            patch_in_inverse,
+    return [
+        vit.patch_rule(
+            f"{prefix}embeddings.patch_embedding.weight", "patch_embedding.kernel", config
         ),
         Rule(f"{prefix}embeddings.class_embedding", "class_embedding"),
         # nn.Embedding(tokens, d).weight is already (tokens, d).
         Rule(f"{prefix}embeddings.position_embedding.weight", "position_embedding"),
+        *vit.norm_rules(f"{prefix}pre_layrnorm", "pre_norm"),  # sic: transformers' name
+        *vit.norm_rules(f"{prefix}post_layernorm", "post_norm"),
+        *vit.layer_rules(prefix),
     ]
-    norms = [
-        (f"{prefix}pre_layrnorm", "pre_norm"),  # sic: transformers' name
-        (f"{prefix}post_layernorm", "post_norm"),
-        (f"{layer}.layer_norm1", "blocks.attention_norm"),
-        (f"{layer}.layer_norm2", "blocks.mlp_norm"),
-    ]
-    for source, target in norms:
-        rules += [
-            Rule(f"{source}.weight", f"{target}.scale"),
-            Rule(f"{source}.bias", f"{target}.bias"),
-        ]
-    for proj in ("q", "k", "v", "out"):
-        rules += linear_rules(f"{layer}.self_attn.{proj}_proj", f"blocks.attention.{proj}")
-    rules += linear_rules(f"{layer}.mlp.fc1", "blocks.mlp.proj_in")
-    rules += linear_rules(f"{layer}.mlp.fc2", "blocks.mlp.proj_out")
-    return rules
 
 
 def load(
@@ -84,15 +57,6 @@ def load(
       CheckpointError: the checkpoint is missing, corrupt or does not match `config`, naming
         the offending keys.
     """
-    # Only the header is read here; tensors are streamed by the loader.
-    keys = open_checkpoint(path)
-    prefix = PREFIXES[0] if any(k.startswith(PREFIXES[0]) for k in keys) else PREFIXES[1]
-    return load_converted(
-        CLIPVisionEncoder,
-        lambda config: key_map(config, prefix=prefix),
-        path,
-        config,
-        mesh=mesh,
-        strategy=strategy,
-        ignore=IGNORED,
+    return vit.load(
+        CLIPVisionEncoder, key_map, path, config, ignore=IGNORED, mesh=mesh, strategy=strategy
     )

@@ -9,8 +9,8 @@ own (Pillow is a dependency), so the pixels match transformers' PIL backend exac
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
 
+from vidax.models import vit
 from vidax.models.clip_vision.config import CLIPVisionConfig
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -31,29 +31,14 @@ def preprocess(images: np.ndarray, config: CLIPVisionConfig) -> np.ndarray:
     Raises:
       ValueError: the images are not a (b, H, W, 3) uint8 or float array.
     """
-    images = np.asarray(images)
-    if images.ndim != 4 or images.shape[-1] != 3 or config.num_channels != 3:
-        raise ValueError(
-            f"images must be (b, H, W, 3) RGB for a 3-channel encoder, got shape {images.shape} "
-            f"for num_channels={config.num_channels}"
-        )
-    if np.issubdtype(images.dtype, np.floating):
-        images = np.round(np.clip(images, 0.0, 1.0) * 255.0).astype(np.uint8)
-    elif images.dtype != np.uint8:
-        raise ValueError(f"images must be uint8 or floating point, got {images.dtype}")
     size = config.image_size
-    height, width = images.shape[1:3]
-    # transformers' `get_resize_output_image_size`: the shorter side becomes `size`, the longer
-    # one is scaled with it and truncated.
-    short, long = min(height, width), max(height, width)
-    long = int(size * long / short)
-    new_height, new_width = (size, long) if height <= width else (long, size)
-    top, left = (new_height - size) // 2, (new_width - size) // 2
-    out = np.empty((images.shape[0], size, size, 3), np.float32)
-    for i, image in enumerate(images):
-        resized = Image.fromarray(image).resize((new_width, new_height), Image.Resampling.BICUBIC)
-        crop = np.asarray(resized)[top : top + size, left : left + size]
-        out[i] = (crop.astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.asarray(OPENAI_CLIP_MEAN, np.float32)
-    std = np.asarray(OPENAI_CLIP_STD, np.float32)
-    return (out - mean) / std
+
+    def shortest_side(height: int, width: int) -> tuple[int, int]:
+        # transformers' `get_resize_output_image_size`: the shorter side becomes `size`, the
+        # longer one is scaled with it and truncated.
+        long = int(size * max(height, width) / min(height, width))
+        return (size, long) if height <= width else (long, size)
+
+    return vit.preprocess(
+        images, config, resized=shortest_side, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD
+    )

@@ -1,6 +1,12 @@
 """HunyuanVideo-1.5 text/image-to-video diffusion transformer."""
 
-from vidax.models.hunyuan15.conditioning import conditioning
+from vidax.models.hunyuan15.conditioning import (
+    ENCODER_SEES_FIRST_FRAME,
+    conditioning,
+    image_condition,
+    image_inputs,
+    image_tokens,
+)
 from vidax.models.hunyuan15.config import (
     PRESETS,
     HunyuanVideo15Config,
@@ -15,6 +21,7 @@ from vidax.models.hunyuan15.model import (
 )
 
 __all__ = [
+    "ENCODER_SEES_FIRST_FRAME",
     "PRESETS",
     "ByT5Projection",
     "HunyuanVideo15Config",
@@ -22,6 +29,9 @@ __all__ = [
     "ImageProjection",
     "conditioning",
     "from_diffusers_config",
+    "image_condition",
+    "image_inputs",
+    "image_tokens",
     "key_map",
     "load",
     "to_diffusers_config",

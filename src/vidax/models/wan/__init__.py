@@ -1,10 +1,12 @@
 """Wan 2.1 / 2.2 diffusion transformer (text- and image-to-video)."""
 
 from vidax.models.wan.conditioning import (
+    ENCODER_SEES_FIRST_FRAME,
     conditioned_output,
     conditioning,
     image_condition,
     image_inputs,
+    image_tokens,
 )
 from vidax.models.wan.config import (
     PRESETS,
@@ -16,6 +18,7 @@ from vidax.models.wan.convert import key_map, load
 from vidax.models.wan.model import Conditioning, WanBlock, WanTransformer, replace_frames
 
 __all__ = [
+    "ENCODER_SEES_FIRST_FRAME",
     "PRESETS",
     "Conditioning",
     "WanBlock",
@@ -26,6 +29,7 @@ __all__ = [
     "from_diffusers_config",
     "image_condition",
     "image_inputs",
+    "image_tokens",
     "key_map",
     "load",
     "replace_frames",

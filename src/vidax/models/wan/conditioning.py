@@ -8,10 +8,15 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from vidax.models.dit_stages import first_frame_condition
 from vidax.models.wan.config import WanConfig
 
 # video (b, F, H, W, 3) in [-1, 1] -> normalised latents (b, t, h, w, c): the VAE's encode.
 Encode = Callable[[jax.Array], jax.Array]
+
+# The image encoder sees the image as given: diffusers' Wan I2V pipeline encodes it with CLIP
+# before resizing it to the video.
+ENCODER_SEES_FIRST_FRAME = False
 
 
 def conditioning(config: WanConfig, text, guidance: float) -> dict:
@@ -36,11 +41,7 @@ def image_condition(
     if config.image_channels == 0:
         raise ValueError("this Wan model is text-to-video only: it takes no image")
     if config.expand_timesteps:
-        first = encode(pixels[:, None])  # (b, 1, h, w, c)
-        latents = jnp.zeros((b, latent_frames, *first.shape[2:]), first.dtype)
-        latents = latents.at[:, :1].set(first)
-        mask = jnp.zeros((*latents.shape[:-1], 1), latents.dtype).at[:, 0].set(1.0)
-        return jnp.concatenate([latents, mask], axis=-1)
+        return first_frame_condition(encode, pixels, latent_frames, config.image_channels)
     black = jnp.zeros((b, num_frames - 1, height, width, 3), pixels.dtype)
     latents = encode(jnp.concatenate([pixels[:, None], black], axis=1))
     mask_channels = config.condition_channels - latents.shape[-1]
@@ -51,6 +52,13 @@ def image_condition(
         )
     mask = jnp.zeros((*latents.shape[:-1], mask_channels), latents.dtype).at[:, 0].set(1.0)
     return jnp.concatenate([mask, latents], axis=-1)
+
+
+def image_tokens(config: WanConfig, encoder, pixels: jax.Array) -> jax.Array:
+    """What the forward reads from the image encoder (traced): CLIP's penultimate hidden states
+    (b, 257, 1280 for ViT-H/14), as diffusers' `WanImageToVideoPipeline.encode_image`."""
+    del config
+    return encoder.hidden_states(pixels, -2)
 
 
 def image_inputs(config: WanConfig, tokens: jax.Array | None) -> dict:
