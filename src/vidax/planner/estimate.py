@@ -160,10 +160,9 @@ def abstract_step(workload: Workload, mesh, strategy):
         image["condition"] = jax.ShapeDtypeStruct(
             (b, *workload.latent_shape[:3], config.image_channels), jnp.float32, sharding=batched
         )
-    if config.image_dim is not None:
-        from vidax.models import clip_vision
-
-        tokens = clip_vision.PRESETS[workload.spec.image_encoder].num_tokens
+    encoder = workload.spec.image_encoder_spec
+    if config.image_dim is not None and encoder is not None:
+        tokens = encoder.config.num_tokens
         image["image"] = jax.ShapeDtypeStruct(
             (b, tokens, config.image_dim), jnp.float32, sharding=batched
         )
