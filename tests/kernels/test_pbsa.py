@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax._src.lib import triton as triton_mlir  # the Triton MLIR dialect shipped with jaxlib
+from jax._src.lib.mlir import ir
+from jax.experimental import pallas as pl
 
 from vidax.kernels.pbsa import (
     BlockSizes,
@@ -54,6 +58,12 @@ class Case:
 
 GQA_RAGGED = Case()
 MHA_EVEN = Case(b=2, n=2, n_kv=2, lq=32, k=16, num_slots=5, max_sel=5)
+# Frames whose token count is not a multiple of 16, one frame per block (block_size must divide a
+# frame): 24 tokens (the Triton kernel reads 32-key windows; the TPU kernel copies 4 blocks per
+# step) and 60 tokens (64-key windows, one block per TPU step), the query tiles not aligned to
+# the blocks, the last tile partial.
+FRAME_24 = Case(n=4, n_kv=2, lq=60, num_slots=7, block_size=24, block_q=24, max_sel=4)
+FRAME_60 = Case(n=2, n_kv=1, lq=60, k=16, num_slots=3, block_size=60, block_q=32, max_sel=3)
 
 
 def make_inputs(case: Case, seed: int, dtype=jnp.float32, *, garbage: bool = True):
@@ -215,11 +225,15 @@ BACKENDS = ["tpu", "triton"]
 KERNEL_CASES = [
     (GQA_RAGGED, None),
     (MHA_EVEN, BlockSizes(block_q=8, block_kv=32)),  # 2 programs per tile, 2 blocks per step
+    (FRAME_24, None),
+    (FRAME_60, None),
 ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split"])
+@pytest.mark.parametrize(
+    "case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split", "frame_24", "frame_60"]
+)
 @settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_kernel_matches_reference_f32(case, block_sizes, backend, seed):
@@ -233,8 +247,8 @@ def test_kernel_matches_reference_f32(case, block_sizes, backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kernel_matches_reference_bf16(backend):
-    case = GQA_RAGGED
+@pytest.mark.parametrize("case", [GQA_RAGGED, FRAME_24], ids=["gqa_ragged", "frame_24"])
+def test_kernel_matches_reference_bf16(backend, case):
     q, pk, pv, idx, cnt, lens = make_inputs(case, 1, jnp.bfloat16)
     out, lse = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=lens)
     assert out.dtype == jnp.bfloat16
@@ -249,8 +263,8 @@ def test_kernel_matches_reference_bf16(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kernel_empty_selection_is_zero(backend):
-    case = GQA_RAGGED
+@pytest.mark.parametrize("case", [GQA_RAGGED, FRAME_24], ids=["gqa_ragged", "frame_24"])
+def test_kernel_empty_selection_is_zero(backend, case):
     q, pk, pv, idx, cnt, lens = make_inputs(case, 2)
     # Tile 0 has no entries; tile 1 selects only slots with no valid token; tile 2 is normal.
     lens = lens.at[:, :, 1:3].set(0)
@@ -379,9 +393,9 @@ def test_kernel_specific_bad_inputs_raise():
         pbsa(q, pk, pv, idx, cnt, block_sizes=BlockSizes(block_q=5), interpret=True)
     with pytest.raises(ValueError, match="share a dtype"):
         pbsa(q.astype(jnp.bfloat16), pk, pv, idx, cnt, interpret=True)
-    with pytest.raises(ValueError, match="power of two"):
-        odd = jnp.zeros((*pk.shape[:3], 12, pk.shape[-1]), pk.dtype)
-        pbsa(q, odd, odd, idx, cnt, backend="triton", interpret=True)
+    with pytest.raises(ValueError, match="head dim k a power of two"):
+        odd = jnp.zeros((*pk.shape[:4], 24), pk.dtype)
+        pbsa(jnp.zeros((*q.shape[:3], 24)), odd, odd, idx, cnt, backend="triton", interpret=True)
     with pytest.raises(ValueError, match="positive"):
         BlockSizes(block_kv=0)
 
@@ -466,8 +480,8 @@ def test_gather_blocks_and_block_means():
 SF_SHAPES = dict(b=1, n=12, n_kv=12, lq=4680, k=128, num_slots=700, block_size=64, max_sel=600)
 
 
-def _abstract_args(dtype, sharding=None, **s):
-    nq = -(-s["lq"] // 128)
+def _abstract_args(dtype, sharding=None, block_q=128, **s):
+    nq = -(-s["lq"] // block_q)
 
     def sd(shape, dt):
         return jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
@@ -483,10 +497,10 @@ def _abstract_args(dtype, sharding=None, **s):
     )
 
 
-def _sparse_forcing_call(backend):
+def _sparse_forcing_call(backend, block_q=128):
     def f(q, pk, pv, idx, cnt, lens):
         return pbsa(
-            q, pk, pv, idx, cnt, block_q=128, slot_len=lens, return_lse=True, backend=backend
+            q, pk, pv, idx, cnt, block_q=block_q, slot_len=lens, return_lse=True, backend=backend
         )
 
     return f
@@ -504,24 +518,96 @@ def test_tpu_kernel_compiles_for_v5e():
     topo = topologies.get_topology_desc("v5e:1x1", "tpu")
     mesh = Mesh(np.asarray(topo.devices).reshape(1), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec())
-    for shapes in (SF_SHAPES, {**SF_SHAPES, "n_kv": 4, "max_sel": 200}):  # MHA, GQA
-        args = _abstract_args(jnp.bfloat16, sharding, **shapes)
-        compiled = jax.jit(_sparse_forcing_call("tpu")).lower(*args).compile()
+    wan = {**WAN_480P, "max_sel": 124}  # 60-token blocks (not a multiple of bf16's 16 rows)
+    for shapes, block_q in (
+        (SF_SHAPES, 128),  # MHA
+        ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128),  # GQA
+        (wan, 1560),
+    ):
+        args = _abstract_args(jnp.bfloat16, sharding, block_q=block_q, **shapes)
+        call = _sparse_forcing_call("tpu", block_q=block_q)
+        compiled = jax.jit(call).lower(*args).compile()
         assert "pbsa_tpu" in compiled.as_text()
-        out_shape = jax.eval_shape(_sparse_forcing_call("tpu"), *args)
+        out_shape = jax.eval_shape(call, *args)
         assert out_shape[0].shape == args[0].shape and out_shape[1].shape == args[0].shape[:3]
 
 
-def test_triton_kernel_lowers_for_cuda():
-    """The Triton kernel (forward, and under grad) lowers for CUDA from a CPU-only host."""
-    args = _abstract_args(jnp.bfloat16, **SF_SHAPES)
-    f = _sparse_forcing_call("triton")
-    text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 1
+# Wan 2.1 1.3B at 480p: 1560 tokens per latent frame (30 x 52), a chunk of 3 frames, one query tile
+# per frame, blocks of 60 tokens (26 per frame: 1560 has no power-of-two divisor >= 16). The pool
+# is sink 3 + window 6 frames + 40 memory blocks + the chunk's own 3 frames.
+WAN_480P = dict(b=1, n=12, n_kv=12, lq=3 * 1560, k=128, num_slots=12 * 26 + 40, block_size=60)
+
+
+def _triton_calls(lowered):
+    """(backend config, Triton IR text) of every Triton custom call in a lowered program."""
+    calls = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    target = "call_target_name" in child.attributes and str(
+                        child.attributes["call_target_name"]
+                    )
+                    if target == '"__gpu$xla.gpu.triton"':
+                        calls.append(child.attributes["mhlo.backend_config"])
+                    walk(child)
+
+    walk(lowered.compiler_ir().operation)
+    out = []
+    for cfg in calls:
+        ctx = ir.Context()
+        triton_mlir.dialect.register_dialect(ctx)
+        module = ir.Module.parse(cfg["ir"].value_bytes, context=ctx)
+        params = {k: str(cfg[k]).split(" :")[0] for k in ("grid_x", "grid_y", "grid_z")}
+        params |= {k: str(cfg[k]).split(" :")[0] for k in ("num_warps", "num_stages", "name")}
+        out.append(({k: v.strip('"') for k, v in params.items()}, str(module)))
+    return out
+
+
+@pytest.mark.parametrize("n_kv", [12, 4], ids=["mha", "gqa"])
+def test_triton_kernel_lowers_for_cuda_at_wan_480p(n_kv):
+    """The Triton kernel lowers for CUDA (from this CPU-only host) at Wan 480p sizes with
+    60-token blocks, and its Triton IR has the grid, tiles and loop the wrapper promises.
+
+    Fails when the kernel cannot take a block that is not a power of two (lowering raises),
+    when the grid or the per-program query split is wrong, when a key tile is not the 64-key
+    window of a 60-token block, or when the loop over the selection loses its dynamic trip
+    count (it would then read every listed slot, selected or not).
+    """
+    shapes = {**WAN_480P, "n_kv": n_kv, "max_sel": 124}
+    args = _abstract_args(jnp.bfloat16, block_q=1560, **shapes)
+    f = _sparse_forcing_call("triton", block_q=1560)
+    ((params, ttir),) = _triton_calls(jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)))
+    groups = 12 // n_kv
+    # Rows per program: the largest split of the 1560-row tile whose `groups * rows` pads to at
+    # most 128 rows: 120 rows (MHA, 13 programs per tile), 40 rows x 3 heads (GQA, 39).
+    split = {1: 13, 3: 39}[groups]
+    rows = pl.next_power_of_2(groups * 1560 // split)
+    assert rows == 128
+    assert params == {
+        "grid_x": "1",
+        "grid_y": str(n_kv),
+        "grid_z": str(3 * split),
+        "num_warps": "8",
+        "num_stages": "2",
+        "name": "pbsa_triton",
+    }
+    # One 64-key window per selected 60-token block: q k^T then p v.
+    dots = re.findall(r"tt\.dot .*: (tensor<\S+>) \* (tensor<\S+>) -> (tensor<\S+>)", ttir)
+    assert dots == [
+        ("tensor<128x128xbf16>", "tensor<128x64xbf16>", "tensor<128x64xf32>"),
+        ("tensor<128x64xbf16>", "tensor<64x128xbf16>", "tensor<128x128xf32>"),
+    ], dots
+    assert len(re.findall(r"tt\.load \S+ : tensor<64x128x!tt\.ptr<bf16>>", ttir)) == 2
+    # The loop over the selection runs to a count loaded from memory (block_cnt).
+    (bound,) = re.findall(r"scf\.for %\S+ = %\S+ to (%\S+) step", ttir)
+    assert re.search(rf"{re.escape(bound)} = tt\.load %\S+ : !tt\.ptr<i32>", ttir), bound
 
     def loss(q, pk, pv, idx, cnt, lens):
         return f(q, pk, pv, idx, cnt, lens)[0].astype(jnp.float32).sum()
 
+    # Under grad the forward is the same kernel; the backward is XLA (no second kernel).
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    text = grad.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert "__gpu$xla.gpu.triton" in text
+    ((grad_params, _),) = _triton_calls(grad.trace(*args).lower(lowering_platforms=("cuda",)))
+    assert grad_params == params

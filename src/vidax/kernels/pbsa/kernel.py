@@ -28,8 +28,12 @@ read and cost nothing.
   blocks per step into a double-buffered VMEM scratch, starting the next step's copies before
   computing the current one.
 - `backend="triton"` (GPU): the same loop reads one block per step straight from the pool with a
-  dynamic `pl.ds(slot * block_size, block_size)` offset. Triton wants power-of-two tiles: the
-  wrapper pads the rows; `block_size` and `k` must be powers of two of at least 16.
+  dynamic `pl.ds` offset. Triton wants power-of-two tiles: the wrapper pads the rows, and `k`
+  must be a power of two of at least 16. A `block_size` that is a power of two >= 16 is read as
+  is; any other (Wan's 1560 tokens per frame cut into blocks of 40, 60 or 120) is read as a
+  window of the next power of two (>= 16) of the flattened pool, starting at the block or, for
+  the last blocks of the pool, earlier so that it stays in bounds, and the tokens outside the
+  block are masked: no copy of the pool, no out-of-bounds read.
 - `backend="reference"`: the gather-then-attend XLA path of `pbsa_reference`.
 
 Gradients: `pbsa` is a `jax.custom_vjp`. The backward pass (`backward.pbsa_backward`) is XLA,
@@ -201,10 +205,8 @@ def _check_tiles(d: PbsaDims, bs: BlockSizes, backend: str, q_dtype, kv_dtype) -
         )
     if q_dtype != kv_dtype:
         raise ValueError(f"q and the pool must share a dtype, got {q_dtype} and {kv_dtype}")
-    if backend == "triton":
-        for name, v in (("block_size", d.block_size), ("head dim k", d.k)):
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"the triton backend needs {name} a power of two >= 16, got {v}")
+    if backend == "triton" and (d.k < 16 or d.k & (d.k - 1)):
+        raise ValueError(f"the triton backend needs head dim k a power of two >= 16, got {d.k}")
 
 
 # ----------------------------------------------------------------------------- custom VJP
@@ -467,11 +469,20 @@ def _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
     b, n_kv, n_prog, rows, k = rows_q.shape
     rows_p = max(16, pl.next_power_of_2(rows))
     rows_q = _pad_rows(rows_q, rows_p)
+    window = _triton_window(d.block_size)
     flat = d.num_slots * d.block_size
+    pool_k = pool_k.reshape(b, n_kv, flat, k)
+    pool_v = pool_v.reshape(b, n_kv, flat, k)
+    if flat < window:  # a pool smaller than one window (tiny tests): pad it, it costs nothing
+        pad = ((0, 0), (0, 0), (0, window - flat), (0, 0))
+        pool_k, pool_v = jnp.pad(pool_k, pad), jnp.pad(pool_v, pad)
+        flat = window
     kernel = functools.partial(
         _pbsa_triton_kernel,
         scale=static.scale,
         block_size=d.block_size,
+        window=window,
+        flat=flat,
         max_sel=d.max_sel,
         num_slots=d.num_slots,
         num_q_tiles=d.num_q_tiles,
@@ -504,13 +515,19 @@ def _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         name="pbsa_triton",
     )(
         rows_q,
-        pool_k.reshape(b, n_kv, flat, k),
-        pool_v.reshape(b, n_kv, flat, k),
+        pool_k,
+        pool_v,
         idx.reshape(-1),
         cnt.reshape(-1),
         lens.reshape(-1),
     )
     return o, lse
+
+
+def _triton_window(block_size: int) -> int:
+    """Keys the Triton kernel loads per selected block: the block itself when it is a power of
+    two of at least 16 (`tl.dot`'s minimum), else the next such power of two."""
+    return max(16, pl.next_power_of_2(block_size))
 
 
 def _pbsa_triton_kernel(
@@ -525,6 +542,8 @@ def _pbsa_triton_kernel(
     *,
     scale: float,
     block_size: int,
+    window: int,
+    flat: int,
     max_sel: int,
     num_slots: int,
     num_q_tiles: int,
@@ -539,17 +558,26 @@ def _pbsa_triton_kernel(
     rows = q.shape[0]
     # exp2 is the native instruction: fold log2(e) into the scale, convert back for the LSE.
     qk_scale = scale * math.log2(math.e)
-    tok = jnp.arange(block_size, dtype=jnp.int32)
+    tok = jnp.arange(window, dtype=jnp.int32)
 
     def body(j, carry):
         acc, m_prev, l_prev = carry
         slot = idx_ref[list_base + j]
         lim = len_ref[len_base + slot]
-        keys = pl.ds(slot * block_size, block_size)
+        begin = slot * block_size
+        if window == block_size:  # the block is a power-of-two tile: read it as is
+            start, ok = begin, tok < lim
+        else:
+            # A window of `window` keys holding the block, moved back at the end of the pool so
+            # the read stays in bounds; keys outside the block's valid tokens are masked.
+            start = jnp.minimum(begin, flat - window)
+            off = begin - start
+            ok = (tok >= off) & (tok < off + lim)
+        keys = pl.ds(start, window)
         k = k_ref[keys, :]
         v = v_ref[keys, :]
         s = plgpu.dot(q, k, trans_b=True) * qk_scale
-        s = jnp.where((tok < lim)[None, :], s, -jnp.inf)
+        s = jnp.where(ok[None, :], s, -jnp.inf)
         m_next = jnp.maximum(m_prev, s.max(axis=-1))
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
         alpha = jnp.exp2(m_prev - m_safe)
