@@ -79,6 +79,25 @@ def read_config(path: Path) -> dict[str, Any]:
     return value
 
 
+def _component_config(
+    folder: Path, classes: dict[str, str], what: str
+) -> tuple[dict[str, Any], str]:
+    """A component folder's `config.json` and its `_class_name`, which must be in `classes`.
+
+    Raises:
+      CheckpointError: the config is missing or unreadable, or names another class (`what`
+        says what the folder should hold, e.g. "a VAE").
+    """
+    config = read_config(folder / "config.json")
+    name = config.get("_class_name")
+    if name not in classes:
+        raise CheckpointError(
+            f"{folder / 'config.json'}: _class_name {name!r} is not {what} vidax runs "
+            f"({', '.join(classes)})"
+        )
+    return config, name
+
+
 def is_config_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is a diffusers pipeline or component folder (has its own config)."""
     path = Path(path)
@@ -115,13 +134,7 @@ def spec_from_checkpoint(path: str | os.PathLike, base: ModelSpec | None = None)
     else:
         transformer_dir = path
         family = None
-    config = read_config(transformer_dir / "config.json")
-    name = config.get("_class_name")
-    if name not in TRANSFORMERS:
-        raise CheckpointError(
-            f"{transformer_dir / 'config.json'}: _class_name {name!r} is not a transformer "
-            f"vidax runs ({', '.join(TRANSFORMERS)})"
-        )
+    config, name = _component_config(transformer_dir, TRANSFORMERS, "a transformer")
     family = family or TRANSFORMERS[name]
     if TRANSFORMERS[name] != family:
         raise CheckpointError(f"{path}: a {name} in a {family} pipeline")
@@ -158,13 +171,7 @@ def read_vae(path: str | os.PathLike) -> VAESpec:
         raise FileNotFoundError(f"VAE not found: {path}")
     if (path / "vae" / "config.json").is_file():
         path = path / "vae"
-    config = read_config(path / "config.json")
-    name = config.get("_class_name")
-    if name not in VAES:
-        raise CheckpointError(
-            f"{path / 'config.json'}: _class_name {name!r} is not a VAE vidax runs "
-            f"({', '.join(VAES)})"
-        )
+    config, name = _component_config(path, VAES, "a VAE")
     family = VAES[name]
     module = VAE_FAMILIES[family].module
     return VAESpec(
