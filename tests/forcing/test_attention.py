@@ -118,12 +118,18 @@ def _explicit_jit(q, k, v, layer, lay, chunk, keep):
     return jnp.einsum("bnls,bnsk->blnk", jax.nn.softmax(logits, -1), vals)
 
 
-@pytest.mark.parametrize("chunks", [2, 6])
+@pytest.mark.parametrize("chunks", [0, 2, 6])
 def test_dense_attention_matches_explicit(chunks):
+    """Growing (0, 2 chunks cached) and full (6) caches. The empty slots hold NaN: a dense read
+    that touched them (instead of the filled prefix only) would return NaN."""
     cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=2)
     lay, layer = _filled_cache(cfg, chunks)
     q, k, v = _qkv(lay)
-    out, mass = _dense(q, k, v, layer, chunks, lay)
+    empty = (layer.frame < 0)[..., None, None]
+    poisoned = dataclasses.replace(
+        layer, k=jnp.where(empty, jnp.nan, layer.k), v=jnp.where(empty, jnp.nan, layer.v)
+    )
+    out, mass = _dense(q, k, v, poisoned, chunks, lay)
     assert mass is None
     keep = jnp.ones(layer.frame.shape, bool)
     ref = _explicit(q, k, v, layer, lay, chunks, keep)
