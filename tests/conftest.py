@@ -3,6 +3,7 @@
 Environment must be set before jax is imported anywhere, hence module level.
 """
 
+import gc
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -48,3 +49,16 @@ def _torch_threads():
         return
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops jax's compilation caches after each test module.
+
+    XLA:CPU maps the code of every compiled program into its own memory regions; the whole
+    suite compiles thousands of programs, and kept alive they pass the kernel's per-process
+    limit (vm.max_map_count, 65530), at which LLVM aborts in the middle of a compile.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
