@@ -113,6 +113,51 @@ def test_sparse_memory_keeps_salient_blocks_and_compresses_the_rest():
     np.testing.assert_array_equal(np.asarray(layer.frame[0, :, : lay.sink_slots]), 0)
 
 
+@pytest.mark.parametrize("memory_frames", [0, 2])
+def test_bounded_memory_reads_nothing_beyond_the_context_span(memory_frames):
+    """With `memory_frames`, the memory and the compressed ring hold nothing older than the
+    span the next chunk may read; unbounded, the salience favouring old frames keeps them.
+
+    Fails when stale blocks survive in the memory or the ring, or when the bound empties the
+    memory instead of keeping the salient blocks inside the span."""
+    cfg = ForcingConfig(
+        chunk_frames=1,
+        sink_frames=1,
+        window_frames=1,
+        block_size=2,
+        attention="sparse",
+        memory_blocks=2,
+        local_topk=1,
+        memory_topk=1,
+        compressed_tokens=2,
+        memory_frames=memory_frames,
+    )
+    assert cfg.context_frames == (4 if memory_frames else None)
+    lay = cfg.layout((2, 2))  # 2 blocks per frame = per chunk
+    layer = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    layer = layer.layer(0)
+    write = jax.jit(lambda layer, k, v, c, mass: write_chunk(layer, k, v, c, lay, mass=mass))
+    mem = slice(lay.memory_start, lay.memory_start + lay.memory_slots)
+    oldest_held = []
+    for c in range(10):
+        k, v = _chunk_kv(c, lay)
+        # Older frames are more salient: an unbounded memory keeps the oldest blocks.
+        mass = jnp.where(layer.frame >= 0, 10.0 - 0.5 * layer.frame.astype(jnp.float32), 0.0)
+        layer = write(layer, k, v, jnp.int32(c), mass)
+        held = np.concatenate([np.asarray(layer.frame[..., mem]), np.asarray(layer.cframe)], -1)
+        held = held[held >= cfg.sink_frames]
+        oldest_held.append(int(held.min()) if held.size else c)
+        if memory_frames:
+            # The next chunk starts at c + 1 and reads back window + memory_frames frames.
+            assert oldest_held[-1] >= c + 1 - cfg.window_frames - memory_frames
+    frames = np.asarray(layer.frame[..., mem])
+    assert (frames >= 0).all()  # the memory stays full (of blocks inside the span)
+    if memory_frames:
+        assert set(frames.ravel().tolist()) <= {7, 8}
+    else:
+        assert oldest_held[-1] == 1  # frame 1 (the oldest evicted) is never let go
+
+
 def test_cache_shapes_do_not_grow():
     cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=4)
     lay = cfg.layout((2, 2))

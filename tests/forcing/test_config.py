@@ -32,6 +32,9 @@ def test_derived_sizes():
     expected = shift_sigmas(np.array([1.0, 0.75, 0.5, 0.25]), 5.0)
     np.testing.assert_allclose(cfg.sigmas, np.append(expected, 0), rtol=1e-6)
     assert cfg.num_chunks(21) == 7
+    # Context span: sink + window (+ the memory's reach; None when it has none).
+    assert dense.context_frames == 18 and cfg.context_frames is None
+    assert ForcingConfig(**SPARSE, memory_frames=12).context_frames == 3 + 3 + 12
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,8 @@ def test_derived_sizes():
         (dict(context_timestep=300.0), "context_timestep"),
         (dict(attention="flash"), "attention"),
         (dict(memory_blocks=4), "dense attention takes no sparse budgets"),
+        (dict(memory_frames=6), "dense attention takes no sparse budgets"),
+        ({**SPARSE, "memory_frames": 2}, "memory_frames=2 must be 0 or at least chunk_frames"),
         ({**SPARSE, "local_topk": 0}, "local_topk"),
         ({**SPARSE, "memory_topk": 6}, "larger than the memory budget"),
         (dict(salience_decay=1.0), "salience_decay"),

@@ -190,7 +190,9 @@ def write_chunk(
     Dense: the chunk overwrites its sink or ring slots (evicting chunk `c - window_chunks`).
     Sparse, in addition: the salience of every slot is updated with this chunk's attention mass
     `mass`, and the evicted blocks compete with the persistent memory: the `memory_blocks` most
-    salient of (memory + evicted) stay, the rest are mean-pooled into the compressed ring.
+    salient of (memory + evicted) stay, the rest are mean-pooled into the compressed ring. With
+    a bounded memory (`memory_frames`), blocks beyond its reach from the next chunk are dropped
+    from the memory and the compressed ring first.
 
     Args:
       cache: one layer's cache (no layer axis).
@@ -248,10 +250,18 @@ def _update_memory(cache: KVCache, start, chunk, layout: CacheLayout) -> KVCache
     ev_frame = take(cache.frame)
     evicting = chunk >= c.sink_chunks
     ev_frame = jnp.where(evicting & (ev_frame >= c.sink_frames), ev_frame, -1)
+    mem_frame = mem(cache.frame)
+    if c.memory_frames:
+        # Out of reach of the next chunk: dropped (treated as empty), never compressed.
+        oldest = (chunk + 1) * c.chunk_frames - c.window_frames - c.memory_frames
+        ev_frame, mem_frame = (jnp.where(f < oldest, -1, f) for f in (ev_frame, mem_frame))
+        cache = dataclasses.replace(
+            cache, cframe=jnp.where(cache.cframe < oldest, -1, cache.cframe)
+        )
     cand = {
         "k": jnp.concatenate([mem(cache.k), take(cache.k)], axis=2),
         "v": jnp.concatenate([mem(cache.v), take(cache.v)], axis=2),
-        "frame": jnp.concatenate([mem(cache.frame), ev_frame], axis=2),
+        "frame": jnp.concatenate([mem_frame, ev_frame], axis=2),
         "block": jnp.concatenate([mem(cache.block), take(cache.block)], axis=2),
         "salience": jnp.concatenate([mem(cache.salience), take(cache.salience)], axis=2),
     }

@@ -51,6 +51,10 @@ class ForcingConfig:
       local_topk: window blocks each query tile selects (sparse; at most the window's blocks).
       memory_topk: memory blocks each query tile selects (sparse; at most `memory_blocks`).
       compressed_tokens: size of the ring of compressed discarded blocks (sparse; 0 disables).
+      memory_frames: reach of the persistent memory (sparse; 0: any age): it keeps blocks of at
+        most the `memory_frames` frames before the window, and older blocks leave the memory and
+        the compressed ring, so a chunk reads nothing older than `context_frames` (besides the
+        sink). Sets sparse and dense at equal context span (`benchmarks/sparse_forcing.py`).
       salience_decay: gamma of the salience average u <- gamma u + (1 - gamma) mass.
       query_tile: query rows sharing one selection; None = one latent frame.
       pbsa_backend: backend of the selected branch: one of `vidax.kernels.pbsa.pbsa`'s
@@ -70,6 +74,7 @@ class ForcingConfig:
     local_topk: int = 0
     memory_topk: int = 0
     compressed_tokens: int = 0
+    memory_frames: int = 0
     salience_decay: float = 0.9
     query_tile: int | None = None
     pbsa_backend: str = "auto"
@@ -86,6 +91,7 @@ class ForcingConfig:
             "local_topk",
             "memory_topk",
             "compressed_tokens",
+            "memory_frames",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ForcingConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -128,7 +134,13 @@ class ForcingConfig:
         if self.attention == "dense":
             extra = {
                 n: getattr(self, n)
-                for n in ("memory_blocks", "local_topk", "memory_topk", "compressed_tokens")
+                for n in (
+                    "memory_blocks",
+                    "local_topk",
+                    "memory_topk",
+                    "compressed_tokens",
+                    "memory_frames",
+                )
                 if getattr(self, n)
             }
             if extra:
@@ -140,6 +152,11 @@ class ForcingConfig:
                 raise ValueError(
                     f"memory_topk={self.memory_topk} is larger than the memory budget "
                     f"memory_blocks={self.memory_blocks}"
+                )
+            if 0 < self.memory_frames < c:
+                raise ValueError(
+                    f"memory_frames={self.memory_frames} must be 0 or at least chunk_frames={c}: "
+                    "the window evicts a chunk at a time, up to a chunk older than the window"
                 )
 
     # -- derived --------------------------------------------------------------------------------
@@ -176,6 +193,19 @@ class ForcingConfig:
         """
         extra = self.chunk_frames if self.sparse else 0
         return self.sink_frames + self.window_frames + extra
+
+    @property
+    def context_frames(self) -> int | None:
+        """Context span in frames: the sink plus the frames just before the chunk whose blocks
+        it can read (the window, and `memory_frames` more for a bounded memory).
+
+        `sink + window` (dense, or sparse without memory), `+ memory_frames` for a bounded
+        memory, None for a memory that keeps blocks of any age.
+        """
+        span = self.sink_frames + self.window_frames
+        if not (self.sparse and self.memory_blocks):
+            return span
+        return span + self.memory_frames if self.memory_frames else None
 
     def num_chunks(self, latent_frames: int) -> int:
         """Chunks of a video of `latent_frames`; a clear error when the chunk does not divide."""
