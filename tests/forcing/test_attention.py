@@ -13,6 +13,7 @@ from flax import nnx
 
 from vidax.forcing import ForcingConfig, init_cache, write_chunk
 from vidax.forcing.attention import (
+    SPARSE_PARAM_NAMES,
     SparseParams,
     chunk_positions,
     dense_attention,
@@ -178,11 +179,9 @@ def test_sparse_selected_branch_matches_masked_reference(backend):
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_sparse_gradients_reach_compression_and_gates():
+def test_sparse_gradients_reach_compression_and_branch_weight():
     lay, layer = _filled_cache(SPARSE, 7)
     q, k, v = _qkv(lay)
-    # Away from zero init: there the compressed branch's gate is 0 and the compression gets
-    # no gradient yet (the gate does, and moves first).
     graphdef, state = nnx.split(_params(0.05))
 
     def loss(state, q):
@@ -190,7 +189,7 @@ def test_sparse_gradients_reach_compression_and_gates():
         return jnp.sum(o * jnp.cos(o))
 
     grads, gq = jax.jit(jax.grad(loss, argnums=(0, 1)))(state, q)
-    for name in ("gate_kernel", "gate_bias", "compress_k", "compress_v"):
+    for name in SPARSE_PARAM_NAMES:
         g = np.asarray(grads[name][...])
         assert np.isfinite(g).all() and np.abs(g).max() > 0, name
     assert np.isfinite(np.asarray(gq)).all()

@@ -3,7 +3,7 @@
 - `ForcingConfig` / `CacheLayout`: chunking, few-step schedule, sink/window/memory budgets.
 - `CausalWan`, `forward_chunk`, `forward_full`: the causal wrapper of a Wan transformer.
 - `KVCache`: fixed-size per-layer cache (sink, persistent memory, window ring, compressed ring).
-- `dense_attention` (Self-Forcing) and `sparse_attention` (gated selected + compressed branches
+- `dense_attention` (Self-Forcing) and `sparse_attention` (selected + compressed branches, affinely combined,
   over the PBSA kernel).
 - `rollout`, `generate_latents`, `ChunkStepper`, `StreamDecoder`: generation, compiled once.
 - `load_causal` (presets such as "tiny-causal" are in `vidax.models.registry`); `command.stream_generate` for `vidax generate

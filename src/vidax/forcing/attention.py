@@ -6,7 +6,7 @@ layer's `KVCache`. The chunk always attends to itself in full (bidirectional ins
 its own keys are appended to the cache's blocks as extra pool slots, so one softmax covers the
 cache and the chunk.
 
-Sparse attention (native-sparse-attention style, two gated branches):
+Sparse attention (native-sparse-attention style, two branches):
 
 - *selected*: each query tile (one latent frame by default) attends to the union of the sink
   blocks, its top-`local_topk` window blocks and its top-`memory_topk` persistent-memory blocks,
@@ -15,11 +15,22 @@ Sparse attention (native-sparse-attention style, two gated branches):
 - *compressed*: every query attends to the compressed tokens of all cached blocks and of the
   compressed ring (coarse view of the whole history).
 
-`o = (1 + g_sel) * o_selected + g_cmp * o_compressed`, with `g = tanh(q W_g + b_g)` per head.
-The compression `k_cmp = mean(k_block) + mean(k_block) W_k` (same for v) and the gates are
-zero-initialised, so a freshly initialised sparse layer that selects every block is exactly the
-dense layer; training learns the compression (hence the ranking) through the compressed branch.
-The attention mass of the compressed scores is what the cache accumulates as salience.
+`o = (1 - w) * o_selected + w * o_compressed`, with `w = tanh(q W_b + b_b)` per head and query:
+an affine combination (the coefficients sum to 1, so the output keeps the scale of an attention
+output whatever the gate), zero at init. A sigmoid or softmax gate could reach 0 only at -inf,
+where its gradient vanishes; `tanh` is 0 with a live gradient, so a freshly initialised layer
+is exactly the dense layer restricted to the selection and still learns to mix in the
+compressed branch.
+
+The compression `k_cmp = mean(k_block) + mean(k_block) W_k` (same for v) is zero-initialised
+too. The block scores get a gradient through the *selected* branch as well, by a straight-through
+scored top-k: `s_b - stop_gradient(s_b)` (`s_b` the log score probability of block `b` for the
+tile) is added to the logits of every key of each selected block. The forward is unchanged (the
+term is exactly 0); the backward hands the scorer the gradient of a soft selection, so the
+salience that decides which blocks the persistent memory keeps (the score probability mass,
+`write_chunk`) is learned from what the selected attention needs. The PBSA kernels take no
+logit bias: the surrogate lives on the `gather` path (what training runs); on the kernel
+backends the selected branch is forward-identical and passes the scorer no gradient.
 """
 
 from __future__ import annotations
@@ -49,19 +60,29 @@ _EMPTY = -1e30  # compressed score of an empty slot
 
 
 class SparseParams(nnx.Module):
-    """The learned parts of one layer's sparse attention: branch gates and block compression.
+    """The learned parts of one layer's sparse attention: branch weight and block compression.
 
     Zero-initialised (see the module docstring): at init the sparse layer is the dense one
     restricted to the selected blocks.
+
+    Attributes:
+      branch_kernel, branch_bias: (n, k), (n,) the compressed branch's weight
+        `w = tanh(q W + b)` per head.
+      compress_k, compress_v: (n, k, k) linear corrections of the block-mean keys / values.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, rngs: nnx.Rngs | None = None):
         del rngs  # deterministic (zero) init
         n, k = num_heads, head_dim
-        self.gate_kernel = param(jnp.zeros((n, k, 2), jnp.float32), (None, None, None))
-        self.gate_bias = param(jnp.zeros((n, 2), jnp.float32), (None, None))
+        self.branch_kernel = param(jnp.zeros((n, k), jnp.float32), (None, None))
+        self.branch_bias = param(jnp.zeros((n,), jnp.float32), (None,))
         self.compress_k = param(jnp.zeros((n, k, k), jnp.float32), (None, None, None))
         self.compress_v = param(jnp.zeros((n, k, k), jnp.float32), (None, None, None))
+
+
+# Parameter names of `SparseParams`, in checkpoint order; the retired unnormalised gates.
+SPARSE_PARAM_NAMES = ("branch_kernel", "branch_bias", "compress_k", "compress_v")
+RETIRED_SPARSE_PARAMS = ("gate_kernel", "gate_bias")
 
 
 def make_sparse_params(num_layers: int, num_heads: int, head_dim: int) -> SparseParams:
@@ -241,6 +262,7 @@ def gather_attention(
     valid: Array,
     tile: int,
     scale: float,
+    bias: Float[Array, "b n nq m"] | None = None,
 ) -> Float[Array, "b l n k"]:
     """Selected-block attention as gather + head-major batched matmuls (an XLA:CPU fast path).
 
@@ -257,6 +279,8 @@ def gather_attention(
       valid: (b, n, slots) bool, slots holding tokens.
       tile: query rows per selection.
       scale: logit scale.
+      bias: optional (b, n, l / tile, m) float added to the logits of every key of each listed
+        slot (the straight-through selection surrogate of `sparse_attention`).
 
     Returns:
       (b, l, n, k) float32.
@@ -273,6 +297,8 @@ def gather_attention(
     )
     qh = q.astype(f32).swapaxes(1, 2).reshape(b, n, nq, tile, k) * scale
     logits = qh @ keys.swapaxes(-1, -2)  # (b, n, nq, tile, m * bs)
+    if bias is not None:
+        logits = logits + jnp.repeat(bias.astype(f32), bs, axis=-1)[..., None, :]
     logits = jnp.where(jnp.repeat(ok, bs, axis=-1)[..., None, :], logits, -jnp.inf)
     p, shift, total = softmax_stats(logits)
     o, _ = normalize(p @ values, shift, total)
@@ -316,6 +342,7 @@ def sparse_attention(
     params: SparseParams,
     *,
     select: Array | None = None,
+    straight_through: bool = True,
 ) -> tuple[Float[Array, "b l n k"], Float[Array, "b n slots"]]:
     """Sparse Forcing attention of the chunk over one layer's cache (see the module docstring).
 
@@ -327,6 +354,9 @@ def sparse_attention(
       rope: `make_rope(...)` of the transformer.
       params: this layer's `SparseParams`.
       select: optional int32 (b, n, nq, s) slot lists overriding the learned selection (tests).
+      straight_through: on the `gather` path, add the scored top-k surrogate
+        `s_b - stop_gradient(s_b)` to the selected blocks' logits (forward unchanged; the
+        scorer gets the selected branch's gradient). The PBSA kernels take no logit bias.
 
     Returns:
       (o (b, l, n, k) in q's dtype, mass (b, n, slots) float32): the compressed-score
@@ -351,7 +381,8 @@ def sparse_attention(
     # A finite floor (not -inf) keeps the softmax of an all-empty cache NaN-free; empty slots
     # still rank below every real one and get no mass.
     scores = jnp.where(valid[:, :, None], scores, _EMPTY)
-    prob = jnp.where(valid[:, :, None], jax.nn.softmax(scores, axis=-1), 0.0)
+    log_prob = jax.nn.log_softmax(scores, axis=-1)
+    prob = jnp.where(valid[:, :, None], jnp.exp(log_prob), 0.0)
     mass = prob.mean(axis=2)
 
     # Selected branch: one PBSA softmax over the selected cache blocks and the chunk itself.
@@ -360,7 +391,16 @@ def sparse_attention(
     own = jnp.arange(slots, slots + layout.chunk_blocks, dtype=jnp.int32)
     idx = jnp.concatenate([select, jnp.broadcast_to(own, (*select.shape[:3], own.size))], -1)
     if c.pbsa_backend == "gather":
-        o_sel = gather_attention(qr, pool_k, pool_v, idx, valid_all, layout.query_tile, scale)
+        bias = None
+        if straight_through:
+            # Exactly 0 forward (log_prob is finite: empty slots score a finite floor); the
+            # chunk's own slots are not scored and get no surrogate.
+            s_b = jnp.take_along_axis(log_prob, select, axis=-1)
+            s_b = s_b - jax.lax.stop_gradient(s_b)
+            bias = jnp.concatenate([s_b, jnp.zeros((*s_b.shape[:3], own.size), f32)], -1)
+        o_sel = gather_attention(
+            qr, pool_k, pool_v, idx, valid_all, layout.query_tile, scale, bias=bias
+        )
     else:
         cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
         slot_len = jnp.where(valid_all, layout.block_size, 0).astype(jnp.int32)
@@ -386,11 +426,14 @@ def sparse_attention(
         value_parts.append(cache.cv.astype(f32))
         ok_parts.append(cache.cframe >= 0)
     keys, values, ok = (jnp.concatenate(x, axis=2) for x in (key_parts, value_parts, ok_parts))
-    o_cmp, _ = _attend_pool(qr, keys[:, :, :, None], values[:, :, :, None], ok, scale)
+    o_cmp, lse_cmp = _attend_pool(qr, keys[:, :, :, None], values[:, :, :, None], ok, scale)
 
-    gates = jnp.tanh(
-        jnp.einsum("blnk,nkg->blng", q.astype(f32), params.gate_kernel[...].astype(f32))
-        + params.gate_bias[...].astype(f32)[None, None]  # (n, g) over (b, l)
+    # Affine combination, zero at init (module docstring): (1 - w) o_sel + w o_cmp.
+    w = jnp.tanh(
+        jnp.einsum("blnk,nk->bln", q.astype(f32), params.branch_kernel[...].astype(f32))
+        + params.branch_bias[...].astype(f32)[None, None]  # (n,) over (b, l)
     )
-    o = (1 + gates[..., 0:1]) * o_sel + gates[..., 1:2] * o_cmp
+    # A query with no compressed token yet (the first chunks) keeps the selected branch alone.
+    w = jnp.where(jnp.isfinite(lse_cmp).swapaxes(1, 2), w, 0.0)[..., None]
+    o = o_sel + w * (o_cmp - o_sel)
     return o.astype(q.dtype), mass

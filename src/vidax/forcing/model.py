@@ -23,8 +23,10 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
-from vidax.checkpoint import Rule, load_model, save_model
+from vidax.checkpoint import CheckpointError, Rule, load_model, open_checkpoint, save_model
 from vidax.forcing.attention import (
+    RETIRED_SPARSE_PARAMS,
+    SPARSE_PARAM_NAMES,
     SparseParams,
     dense_attention,
     make_rope,
@@ -232,14 +234,27 @@ def forward_full(
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-def key_map(config: WanConfig) -> list[Rule]:
-    """Checkpoint layout: the diffusers Wan keys plus `sparse_attention.{i}.*` per layer."""
+def key_map(config: WanConfig, *, retired_gates: bool = False) -> list[Rule]:
+    """Checkpoint layout: the diffusers Wan keys plus `sparse_attention.{i}.*` per layer.
+
+    With `retired_gates`, the branch weight is read from the retired gate format (`gate_kernel`
+    (n, k, 2), `gate_bias` (n, 2): the compressed branch's column), which only `load` uses and
+    only for all-zero gates (where both formats are the dense layer restricted to the selection).
+    """
     rules = [
         Rule(r.source, f"transformer.{r.target}", r.transform, r.inverse)
         for r in wan_key_map(config)
     ]
-    for name in ("gate_kernel", "gate_bias", "compress_k", "compress_v"):
+    for name in SPARSE_PARAM_NAMES:
         rules.append(Rule(f"sparse_attention.{{i}}.{name}", f"sparse.{name}"))
+    if retired_gates:
+        legacy = {"branch_kernel": "gate_kernel", "branch_bias": "gate_bias"}
+        rules = [
+            Rule(f"sparse_attention.{{i}}.{legacy[n]}", r.target, lambda x: x[..., 1])
+            if (n := r.target.removeprefix("sparse.")) in legacy
+            else r
+            for r in rules
+        ]
     return rules
 
 
@@ -249,5 +264,30 @@ def save(model: CausalWan, path: str | os.PathLike, *, metadata: dict | None = N
 
 
 def load(path: str | os.PathLike, config: WanConfig) -> CausalWan:
-    """A `CausalWan` from a checkpoint written by `save`."""
-    return load_model(lambda: CausalWan(config, rngs=nnx.Rngs(0)), path, key_map(config))
+    """A `CausalWan` from a checkpoint written by `save`.
+
+    Raises:
+      CheckpointError: the file does not match `config`, or it holds the retired unnormalised
+        branch gates (`gate_kernel`/`gate_bias`, before the affine combination) with non-zero
+        values: those heads were trained for a different output and are not reinterpreted.
+        All-zero retired gates (e.g. a dense model's untouched heads) load as a zero branch
+        weight, the same function.
+    """
+    reader = open_checkpoint(path)
+    retired = any(f"sparse_attention.0.{n}" in reader for n in RETIRED_SPARSE_PARAMS)
+    if retired:
+        trained = sorted(
+            key
+            for key in reader
+            if key.startswith("sparse_attention.")
+            and key.rsplit(".", 1)[-1] in RETIRED_SPARSE_PARAMS
+            and np.any(np.asarray(reader[key]) != 0)
+        )
+        if trained:
+            raise CheckpointError(
+                f"{path}: trained sparse heads in the retired gate format ({trained[0]}: "
+                "o = (1 + g_sel) o_sel + g_cmp o_cmp) do not carry over to the affine branch "
+                "combination; retrain the sparse stage (vidax train causal --only sparse)"
+            )
+    rules = key_map(config, retired_gates=retired)
+    return load_model(lambda: CausalWan(config, rngs=nnx.Rngs(0)), path, rules)

@@ -14,8 +14,11 @@ loop of `vidax.train` (resumable checkpoints, EMA, JSON log):
    cache, the clean pass) without. The loss regresses the exit-step prediction onto a frozen
    teacher's many-step ODE solution from the same noisy chunk, the teacher conditioning on the
    student's own past through its own dense cache: a regression-to-teacher loss on
-   self-generated context. With a sparse student this is where the selection (the block
-   compression that ranks blocks) and the branch gates are learned.
+   self-generated context. The sparse stage starts from the trained dense model with its
+   backbone frozen (`backbone_lr_multiplier=0`) and that dense model as the teacher: only the
+   sparse heads learn (the block compression that ranks blocks and sets the memory's salience,
+   through the compressed branch and the straight-through selection surrogate, and the branch
+   weight), so sparse training cannot damage what the dense model knows.
 
     train_stage("runs/forcing/df", StageConfig(kind="diffusion_forcing", ...), init=weights)
 """
@@ -70,10 +73,11 @@ class StageConfig:
       rollout_chunks: self_forcing: chunks generated per training video.
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
-      optim: optimiser settings.
-      sparse_lr_multiplier: learning-rate factor of the sparse-attention heads (`SparseParams`:
-        zero-initialised gates and compression, which a short fine-tune would otherwise
-        barely move).
+      optim: optimiser settings; `optim.lr` is the sparse-attention heads' rate.
+      backbone_lr_multiplier: learning-rate factor of everything but the sparse heads (the
+        Wan transformer): 1 trains it at `optim.lr`, a value in (0, 1) at a lower rate, 0
+        freezes it (no gradient is taken for it, no optimiser state is kept, and the exported
+        weights hold it bit for bit; the EMA covers the sparse heads only).
       checkpoint_every, log_every: see `vidax.train.loop.LoopConfig`.
     """
 
@@ -97,7 +101,7 @@ class StageConfig:
     optim: OptimConfig = dataclasses.field(
         default_factory=lambda: OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
     )
-    sparse_lr_multiplier: float = 1.0
+    backbone_lr_multiplier: float = 1.0
     checkpoint_every: int = 50
     log_every: int = 10
 
@@ -106,8 +110,11 @@ class StageConfig:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.batch_size < 1 or self.steps < 1:
             raise ValueError("batch_size and steps must be >= 1")
-        if not self.sparse_lr_multiplier > 0:
-            raise ValueError(f"sparse_lr_multiplier must be > 0, got {self.sparse_lr_multiplier}")
+        if not 0.0 <= self.backbone_lr_multiplier <= 1.0:
+            raise ValueError(
+                f"backbone_lr_multiplier must be in [0, 1] (0 freezes the backbone), got "
+                f"{self.backbone_lr_multiplier}"
+            )
         if not 0.0 <= self.clean_probability < 1.0:
             raise ValueError(f"clean_probability must be in [0, 1), got {self.clean_probability}")
         if self.kind == "self_forcing":
@@ -408,7 +415,7 @@ def train_stage(
         )
 
     def export(step: int, state: dict[str, Any]) -> None:
-        out = nnx.merge(graphdef, state["ema"])
+        out = nnx.merge(graphdef, _exported(state, config))
         save(out, run_dir / WEIGHTS_FILE, metadata={"step": str(step), "stage": config.kind})
 
     state = run(
@@ -422,16 +429,42 @@ def train_stage(
         description=f"forcing {config.kind}",
         on_checkpoint=export,
     )
-    return nnx.merge(graphdef, state["ema"])
+    return nnx.merge(graphdef, _exported(state, config))
+
+
+def _is_sparse(path) -> bool:
+    """Whether a `CausalWan` state path lies under the sparse-attention heads."""
+    top = path[0]
+    return getattr(top, "key", getattr(top, "name", None)) == "sparse"
+
+
+def _exported(state: dict[str, Any], config: StageConfig) -> nnx.State:
+    """The weights a stage exports: the EMA, with a frozen backbone taken from the parameters
+    (an EMA of constant weights can still move them by rounding)."""
+    if config.backbone_lr_multiplier > 0:
+        return state["ema"]
+    return jax.tree_util.tree_map_with_path(
+        lambda path, e, p: e if _is_sparse(path) else p, state["ema"], state["params"]
+    )
+
+
+def _freeze_backbone(params: nnx.State) -> nnx.State:
+    """Stops the gradient of every non-sparse parameter (no weight gradients are computed)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x if _is_sparse(path) else jax.lax.stop_gradient(x), params
+    )
 
 
 @functools.lru_cache(maxsize=8)
 def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     """(optimizer, jitted step) of a stage; shared by runs that differ only in length."""
     optimizer = _optimizer(config)
+    frozen_backbone = config.backbone_lr_multiplier == 0
     if config.kind == "diffusion_forcing":
 
         def loss_fn(params, batch, key):
+            if frozen_backbone:
+                params = _freeze_backbone(params)
             m = nnx.merge(graphdef, params)
             return diffusion_forcing_loss(
                 m,
@@ -451,7 +484,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
         def loss_fn(params, batch, key):
             return self_forcing_loss(
                 graphdef,
-                params,
+                _freeze_backbone(params) if frozen_backbone else params,
                 batch["teacher"],
                 batch["context"],
                 key,
@@ -474,24 +507,23 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
 
 
 def _optimizer(config: StageConfig):
-    """`vidax.train.optim.make_optimizer`, with a larger step for the sparse heads if asked."""
-    base = make_optimizer(config.optim)
-    if config.sparse_lr_multiplier == 1.0:
-        return base
-    heads = make_optimizer(
-        dataclasses.replace(config.optim, lr=config.optim.lr * config.sparse_lr_multiplier)
+    """`vidax.train.optim.make_optimizer` for the sparse heads; the backbone at
+    `backbone_lr_multiplier` times the rate, or `set_to_zero` (no state) when frozen."""
+    heads = make_optimizer(config.optim)
+    m = config.backbone_lr_multiplier
+    if m == 1.0:
+        return heads
+    backbone = (
+        optax.set_to_zero()
+        if m == 0
+        else make_optimizer(dataclasses.replace(config.optim, lr=config.optim.lr * m))
     )
 
     def labels(params):
-        def label(path, _):
-            top = path[0]
-            return (
-                "sparse" if getattr(top, "key", getattr(top, "name", None)) == "sparse" else "base"
-            )
-
+        label = lambda path, _: "sparse" if _is_sparse(path) else "backbone"
         return jax.tree_util.tree_map_with_path(label, params)
 
-    return optax.multi_transform({"base": base, "sparse": heads}, labels)
+    return optax.multi_transform({"backbone": backbone, "sparse": heads}, labels)
 
 
 def _grid(wan, latent_hw) -> tuple[int, int]:
@@ -506,6 +538,7 @@ def tiny_causal_stages(
     *,
     df_steps: int,
     final_steps: int,
+    sparse_steps: int | None = None,
     batch_size: int = 1,
     rollout_chunks: int = 7,
     teacher_steps: int = 6,
@@ -517,23 +550,25 @@ def tiny_causal_stages(
 
     df: diffusion forcing from the bidirectional tiny weights (9-latent-frame clips from the
       tiny DiT's latent cache `latents_dir`, or encoded here, each batch serving 4 steps).
-    dense / sparse: from df, `final_steps` self-rollout steps each with the df model as the
-      teacher, with dense attention (the Self-Forcing baseline) and with sparse attention
-      (Sparse Forcing): the same data, seeds and number of steps for both.
+    dense: from df, `final_steps` self-rollout steps with the df model as the teacher
+      (`teacher_steps` Euler steps): the Self-Forcing baseline, every weight trained.
+    sparse: from the trained *dense* model, `sparse_steps` (default `final_steps`) self-rollout
+      steps with sparse attention, the backbone frozen: only the sparse heads (branch weight,
+      block compression, hence the scores and the memory's salience) learn. The teacher is the
+      same dense model with its dense cache over the student's own past, and the target its
+      own prediction at the exit step (`teacher_steps=1`: one Euler step to 0 is the x0
+      prediction), so the loss measures only what the sparse cache loses against the dense
+      one. The sparse heads start at zero, the rate 1e-3 is theirs alone.
     """
     preset = get_causal("tiny-causal")
     dense, sparse = preset.dense, preset.sparse
     rollout: dict[str, Any] = dict(
         kind="self_forcing",
-        steps=final_steps,
         batch_size=batch_size,
         rollout_chunks=rollout_chunks,
-        teacher_steps=teacher_steps,
         latent_hw=latent_hw,
         channels=channels,
         teacher_forcing=dense,
-        optim=OptimConfig(lr=1e-4, warmup=10, weight_decay=0.0, ema_decay=0.95),
-        sparse_lr_multiplier=30.0,
         checkpoint_every=10,
         log_every=5,
         seed=1,
@@ -551,9 +586,21 @@ def tiny_causal_stages(
             checkpoint_every=50,
             log_every=25,
         ),
-        "dense": StageConfig(forcing=dense, **rollout),
-        # The gather path is the same function as PBSA's reference, about 2x faster on a CPU.
+        "dense": StageConfig(
+            forcing=dense,
+            steps=final_steps,
+            teacher_steps=teacher_steps,
+            optim=OptimConfig(lr=1e-4, warmup=10, weight_decay=0.0, ema_decay=0.95),
+            **rollout,
+        ),
+        # The gather path is the same function as PBSA's reference, about 2x faster on a CPU,
+        # and the one that carries the straight-through selection surrogate.
         "sparse": StageConfig(
-            forcing=dataclasses.replace(sparse, pbsa_backend="gather"), **rollout
+            forcing=dataclasses.replace(sparse, pbsa_backend="gather"),
+            steps=final_steps if sparse_steps is None else sparse_steps,
+            teacher_steps=1,
+            backbone_lr_multiplier=0.0,
+            optim=OptimConfig(lr=1e-3, warmup=10, weight_decay=0.0, ema_decay=0.95),
+            **rollout,
         ),
     }

@@ -1,8 +1,9 @@
-"""CLI: `vidax train causal`, the tiny-causal recipe (diffusion forcing, then dense and sparse
-self-rollout) on the same typer CLI as `vidax train vae|dit|all`.
+"""CLI: `vidax train causal`, the tiny-causal recipe (diffusion forcing, then dense
+self-rollout, then sparse self-rollout from the dense weights with the backbone frozen) on the
+same typer CLI as `vidax train vae|dit|all`.
 
     vidax train causal --root runs/tiny-causal --df-steps 600 --final-steps 60
-    vidax train causal --root runs/tiny-causal --only dense,sparse --ship
+    vidax train causal --root runs/tiny-causal --only sparse --sparse-steps 150
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ def train_causal(
     ),
     df_steps: Annotated[int, typer.Option(help="Diffusion-forcing steps.")] = 600,
     final_steps: Annotated[int, typer.Option(help="Self-rollout steps of dense and sparse.")] = 60,
+    sparse_steps: Annotated[
+        int | None, typer.Option(help="Steps of the sparse stage (default: --final-steps).")
+    ] = None,
+    sparse_init: Annotated[
+        Path | None,
+        typer.Option(
+            help="Dense Self-Forcing weights the sparse stage starts from and distils (default: "
+            "ROOT/dense/weights.safetensors if the dense stage ran, else the shipped "
+            "tiny-causal dense.safetensors)."
+        ),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Clips per step.")] = 1,
     rollout_chunks: Annotated[int, typer.Option(help="Chunks per self-rollout.")] = 7,
     teacher_steps: Annotated[int, typer.Option(help="Teacher sampling steps.")] = 6,
@@ -49,19 +61,28 @@ def train_causal(
     vae: Annotated[
         Path | None, typer.Option(help="VAE weights (default: the shipped ones).")
     ] = None,
-    ship: Annotated[bool, typer.Option(help="Copy dense and sparse into vidax/assets.")] = False,
+    ship: Annotated[
+        bool,
+        typer.Option(
+            help="Copy the trained stages' weights (dense, sparse) into vidax/assets. Ship sparse "
+            "weights only if they beat the training-free baseline (the dense weights with the "
+            "sparse config) on benchmarks/sparse_forcing.py's long rollouts."
+        ),
+    ] = False,
 ) -> None:
-    """Train tiny-causal: diffusion forcing from the tiny DiT, then Self-Forcing (dense) and
-    Sparse Forcing (sparse) self-rollout, each stage resumable in its folder."""
+    """Train tiny-causal: diffusion forcing from the tiny DiT, Self-Forcing (dense) self-rollout
+    from it, then Sparse Forcing (sparse) self-rollout from the trained dense weights with the
+    backbone frozen; each stage resumable in its folder."""
     stages = [s.strip() for s in only.split(",") if s.strip()]
     if unknown := [s for s in stages if s not in STAGES]:
         raise ValueError(f"unknown stage(s) {unknown} in --only; stages: {', '.join(STAGES)}")
     if not stages:
         raise ValueError("--only names no stage")
-    for name, value in (("--df-steps", df_steps), ("--final-steps", final_steps)):
+    steps = (("--df-steps", df_steps), ("--final-steps", final_steps))
+    for name, value in (*steps, ("--sparse-steps", 1 if sparse_steps is None else sparse_steps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    for path in (latents, transformer, vae):
+    for path in (latents, transformer, vae, sparse_init):
         if path is not None and not path.exists():
             raise FileNotFoundError(f"not found: {path}")
     preset = get_causal("tiny-causal")
@@ -76,6 +97,7 @@ def train_causal(
     configs = tiny_causal_stages(
         df_steps=df_steps,
         final_steps=final_steps,
+        sparse_steps=sparse_steps,
         batch_size=batch_size,
         rollout_chunks=rollout_chunks,
         teacher_steps=teacher_steps,
@@ -91,6 +113,20 @@ def train_causal(
             raise FileNotFoundError(f"stage {stage!r} has no weights yet: {path}")
         return load(path, spec.config)
 
+    def dense_weights() -> Path:
+        """What the sparse stage starts from: --sparse-init, this run's dense, the shipped."""
+        if sparse_init is not None:
+            return sparse_init
+        if (root / "dense" / WEIGHTS_FILE).exists():
+            return root / "dense" / WEIGHTS_FILE
+        shipped = preset.weights_path("dense")
+        if shipped is None:
+            raise FileNotFoundError(
+                "the sparse stage starts from trained dense weights: run the dense stage or "
+                "pass --sparse-init"
+            )
+        return Path(shipped)
+
     timings = {}
     for stage in stages:
         start = time.time()
@@ -98,8 +134,13 @@ def train_causal(
             train_stage(
                 root / stage, configs[stage], CausalWan.from_transformer(base), vae=vae_model
             )
-        else:
+        elif stage == "dense":
             train_stage(root / stage, configs[stage], weights("df"), teacher=weights("df"))
+        else:
+            init = dense_weights()
+            typer.echo(f"stage sparse: from the dense weights {init}, backbone frozen")
+            dense_model = load(init, spec.config)
+            train_stage(root / stage, configs[stage], dense_model, teacher=load(init, spec.config))
         timings[stage] = time.time() - start
         typer.echo(f"stage {stage}: {timings[stage] / 60:.1f} min")
     (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
@@ -108,6 +149,6 @@ def train_causal(
             raise ValueError(f"{preset.name!r} names no weights folder to ship into")
         out = ASSETS / preset.weights
         out.mkdir(parents=True, exist_ok=True)
-        for attention in ("dense", "sparse"):
+        for attention in (a for a in ("dense", "sparse") if a in stages):
             shutil.copy(root / attention / WEIGHTS_FILE, out / f"{attention}.safetensors")
         typer.echo(f"shipped to {out}")
