@@ -1,5 +1,7 @@
 """The `vidax` command line: real runs and one-line errors."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -105,6 +107,7 @@ def test_subcommands_are_registered():
         (["--stream"], "--stream needs a causal model"),
         (["--model", "tiny-causal", "--set", "local_topk=999"], "larger than the local window"),
         (["--model", "tiny-causal", "--set", "dim=64"], "--set expects field=value"),
+        (["--model", "tiny-causal", "--set", "attention=full"], "'dense' or 'sparse'"),
         # Used to run silently: 20 steps, and a budget nothing read.
         (["--steps", "0"], "--steps must be >= 1, got 0"),
         (["--budget", "0.5"], "--budget 0.5 needs --accel"),
@@ -117,6 +120,46 @@ def test_acceleration_plan_and_stream_flags_validate(args, message, tmp_path):
         app, ["generate", "--prompt", "x", "--out", str(tmp_path / "o.mp4"), *args]
     )
     _one_error_line(result, message)
+
+
+@pytest.mark.parametrize(
+    "sets, attention, overrides",
+    [
+        ([], "sparse", None),
+        (["attention=dense"], "dense", None),
+        (["window_frames=6", "attention=dense"], "dense", {"window_frames": 6}),
+        (["attention=sparse", "local_topk=1"], "sparse", {"local_topk": 1}),
+    ],
+)
+def test_set_attention_picks_the_causal_variant(sets, attention, overrides, monkeypatch, tmp_path):
+    # The variant decides both the cache config the other --set fields edit and the weights.
+    import vidax.forcing.command as command
+
+    seen = {}
+
+    def fake_stream_generate(model, prompt, out, **kwargs):
+        seen.update(kwargs)
+        return command.StreamResult(
+            path=Path(out), frames=9, chunks=1, chunk_seconds=(0.1,), latents=np.zeros(1)
+        )
+
+    monkeypatch.setattr(command, "stream_generate", fake_stream_generate)
+    args = [a for s in sets for a in ("--set", s)]
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            "tiny-causal",
+            "--prompt",
+            "x",
+            "--out",
+            str(tmp_path / "o.mp4"),
+            *args,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["attention"] == attention and seen["forcing_overrides"] == overrides
 
 
 @pytest.mark.parametrize(

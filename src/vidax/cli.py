@@ -198,7 +198,8 @@ def generate(
         typer.Option(
             "--set",
             help="Override the transformer config (causal models: the cache/attention "
-            "config, e.g. window_frames=6): field=value.",
+            "config, e.g. window_frames=6; attention=dense|sparse picks the variant): "
+            "field=value.",
         ),
     ] = None,
     accel: AccelOption = "none",
@@ -412,7 +413,15 @@ def _stream(model, prompt, out, frames, height, width, seed, set_, random_weight
         raise ValueError(f"--stream needs a causal model (e.g. tiny-causal), not {model!r}")
     if prompt is None:
         raise ValueError("give --prompt")
-    overrides = override_changes(get_causal(model).forcing("sparse"), set_ or [])
+    # `--set attention=dense|sparse` picks the variant (its cache config and its weights); the
+    # other `--set` fields then edit that variant's config.
+    chosen = [
+        item.partition("=")[2].strip() for item in set_ or [] if item.startswith("attention=")
+    ]
+    attention = chosen[-1] if chosen else "sparse"
+    preset = get_causal(model)
+    rest = [item for item in set_ or [] if not item.startswith("attention=")]
+    overrides = override_changes(preset.forcing(attention), rest)
     start = time.perf_counter()
     with _Progress(1, f"streaming chunks ({model} is causal)") as bar:
 
@@ -427,6 +436,7 @@ def _stream(model, prompt, out, frames, height, width, seed, set_, random_weight
             height=height,
             width=width,
             seed=seed,
+            attention=attention,
             forcing_overrides=overrides or None,
             on_chunk=on_chunk,
             random_weights=random_weights,
