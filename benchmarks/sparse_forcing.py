@@ -1,25 +1,31 @@
-"""Sparse Forcing vs the dense-window causal model (Self-Forcing), side by side in one run.
+"""Sparse Forcing vs the dense Self-Forcing baseline, at equal context span and at equal KV memory.
 
-For a short rollout and rollouts 4x and 12x as long (the paper's 5 s / 20 s / 1 min ratio;
-short = 7 chunks of 3 latent frames = 81 frames), both models of a causal preset generate the
-same prompts from the same noise, and the script prints:
+Four configurations of a causal preset, each run with its trained weights (dense or sparse):
 
-- decode speed-up: wall time of the whole chunked rollout (DiT only, compiled once, measured
-  interleaved after a warm-up, median of `--repeats`), dense / sparse, batch 1. At the trained
-  size, and at a larger latent size (`--speed-latent`, blocks scaled to keep 4 per frame) where
-  attention is a larger share of the step, as at real video sizes (timing only, same weights;
-  the tiny model at 64 tokens per frame is dominated by per-op overhead on a CPU);
-- peak KV-cache bytes ratio (the cache buffers plus the current chunk's keys/values);
-- the metric suite on the VAE-decoded videos (subject consistency, temporal flicker, motion
-  fidelity; `vidax.metrics`), over the whole rollout and over its last quarter, mean over
-  prompts;
-- per-chunk latency of chunks 1, 10 and 50 of a streamed rollout (cost stays flat).
+- `dense`: the preset's Self-Forcing baseline (sink + window, the cache growing to it);
+- `sparse@span`: the sparse preset with its memory's reach bounded (`memory_frames`) so that
+  window + memory cover exactly the frames dense's window covers: equal context span;
+- `dense@kv`: dense with the window whose peak KV cache is nearest the sparse one's: equal
+  memory;
+- `sparse`: the sparse preset as trained (memory of any age).
 
-The sparse model's selected branch is timed through `vidax.kernels.pbsa` (`pbsa_backend="auto"`:
-the XLA reference path on a CPU, the Triton/Mosaic kernel on a GPU/TPU, where the reference is
-timed beside it) and through the XLA gather path (`"gather"`), which is what runs fast on a CPU.
+Comparison (a) is `dense` vs `sparse@span`, (b) `dense@kv` vs `sparse`. For each the script
+prints:
 
-    JAX_PLATFORMS=cpu python benchmarks/sparse_forcing.py [--prompts 6 --repeats 3 ...]
+- the peak KV-cache bytes ratio (cache buffers plus the current chunk's keys and values);
+- per-chunk decode time of a streamed rollout (`ChunkStepper`, compiled once, the configurations
+  interleaved chunk by chunk, batch 1): the mean over the short rollout (where dense's cache is
+  still growing) and the median at steady state (every cache full, memory and rings cycling),
+  at the trained size and at a larger latent (`--speed-latent`, blocks scaled to keep their
+  number per frame), where attention is a larger share of a step as at real video sizes. The
+  sparse selected branch runs through `pbsa_backend="auto"` (the PBSA reference on a CPU, the
+  Triton/Mosaic kernel on a GPU/TPU) and through the XLA gather path (`"gather"`, the CPU fast
+  path);
+- the metric suite on VAE-decoded videos of a short rollout and rollouts 4x and 12x as long
+  (subject consistency, temporal flicker, motion fidelity; `vidax.metrics`), over the whole
+  rollout and its last quarter, mean over prompts.
+
+    JAX_PLATFORMS=cpu python benchmarks/sparse_forcing.py [--skip-metrics | --skip-timing] ...
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import jax
 import numpy as np
 
 from vidax.data import EVAL_PROMPTS
-from vidax.forcing import ChunkStepper, generate_latents, load_causal
+from vidax.forcing import ChunkStepper, ForcingConfig, generate_latents, load_causal
 from vidax.metrics import motion_fidelity, subject_consistency, temporal_flicker
 from vidax.models.registry import get_causal as get
 from vidax.models.registry import get_vae
@@ -43,6 +49,11 @@ from vidax.text import embed_prompts
 LENGTHS = (("short", 1), ("4x", 4), ("12x", 12))
 METRICS = ("subject_consistency", "temporal_flicker", "motion_fidelity")
 HIGHER_IS_BETTER = {"subject_consistency": True, "temporal_flicker": False, "motion_fidelity": True}
+# (label, dense configuration, sparse configuration)
+COMPARISONS = (
+    ("(a) equal context span", "dense", "sparse@span"),
+    ("(b) equal KV memory", "dense@kv", "sparse"),
+)
 
 
 def _context(spec, prompts):
@@ -50,17 +61,63 @@ def _context(spec, prompts):
     return text.embeds * text.mask[..., None].astype(text.embeds.dtype)
 
 
-def _timed(fns: dict, repeats: int) -> dict[str, float]:
-    """Median wall time of each zero-argument function, runs interleaved (after a warm-up)."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    samples = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+def comparison_configs(
+    dense: ForcingConfig, sparse: ForcingConfig, kv_bytes
+) -> dict[str, ForcingConfig]:
+    """The four configurations (module docstring) from a preset's dense and sparse ones.
+
+    Args:
+      dense, sparse: the preset's configurations.
+      kv_bytes: ForcingConfig -> peak KV bytes at the benchmark's size.
+    """
+    reach = dense.context_frames - sparse.sink_frames - sparse.window_frames
+    if reach < sparse.chunk_frames or not sparse.memory_blocks:
+        raise ValueError(
+            f"the sparse window ({sparse.sink_frames} + {sparse.window_frames} frames) leaves no "
+            f"memory reach inside dense's span of {dense.context_frames} frames"
+        )
+    c = dense.chunk_frames
+    windows = range(c, dense.window_frames + 1, c)
+    target = kv_bytes(sparse)
+    window = min(
+        windows, key=lambda w: abs(kv_bytes(dataclasses.replace(dense, window_frames=w)) - target)
+    )
+    return {
+        "dense": dense,
+        "sparse@span": dataclasses.replace(sparse, memory_frames=reach),
+        "dense@kv": dataclasses.replace(dense, window_frames=window),
+        "sparse": sparse,
+    }
+
+
+def at_size(cfg: ForcingConfig, blocks_per_frame: int, frame_tokens: int) -> ForcingConfig:
+    """`cfg` for frames of `frame_tokens` tokens: the same blocks per frame (larger blocks) and
+    the largest query tile up to the configured one that divides a chunk."""
+    cfg = dataclasses.replace(cfg, block_size=frame_tokens // blocks_per_frame)
+    if cfg.query_tile is not None:
+        chunk_tokens = frame_tokens * cfg.chunk_frames
+        tile = max(t for t in range(1, cfg.query_tile + 1) if chunk_tokens % t == 0)
+        cfg = dataclasses.replace(cfg, query_tile=tile)
+    return cfg
+
+
+def per_chunk_times(steppers: dict, chunks: int, context) -> dict[str, np.ndarray]:
+    """Seconds per chunk of a streamed rollout of `chunks` chunks for each stepper, the steppers
+    interleaved chunk by chunk (so load from other jobs hits them alike), after compiling."""
+    key = jax.random.key(1)
+    caches = {}
+    for name, stepper in steppers.items():
+        x, _ = stepper(stepper.init(1), 0, key, context)  # compile
+        jax.block_until_ready(x)
+        caches[name] = stepper.init(1)
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for i in range(chunks):
+        for name, stepper in steppers.items():
             start = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples[name].append(time.perf_counter() - start)
-    return {name: float(np.median(s)) for name, s in samples.items()}
+            x, caches[name] = stepper(caches[name], i, key, context)
+            jax.block_until_ready(x)
+            times[name].append(time.perf_counter() - start)
+    return {name: np.asarray(t) for name, t in times.items()}
 
 
 def peak_kv_bytes(model, layout, batch: int = 1) -> int:
@@ -96,27 +153,39 @@ def _prompts(n: int):
     return out
 
 
+def _describe(cfg: ForcingConfig) -> str:
+    if cfg.sparse:
+        reach = f"{cfg.memory_frames} frames" if cfg.memory_frames else "any age"
+        memory = f"{cfg.memory_blocks} blocks ({reach}), compressed {cfg.compressed_tokens}"
+    else:
+        memory = "-"
+    span = cfg.context_frames if cfg.context_frames is not None else "unbounded"
+    return (
+        f"sink {cfg.sink_frames} + window {cfg.window_frames} frames, memory {memory}; "
+        f"context span {span} frames"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-causal")
     p.add_argument("--short-chunks", type=int, default=7, help="chunks of the short rollout")
     p.add_argument("--prompts", type=int, default=6, help="evaluation prompts per length")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per model and length")
+    p.add_argument("--chunks", type=int, default=30, help="chunks of each timed stream")
+    p.add_argument(
+        "--steady-from", type=int, default=10, help="first chunk counted as steady state"
+    )
     p.add_argument(
         "--speed-latent", type=int, default=24, help="extra timing at this latent size (0: off)"
     )
-    p.add_argument(
-        "--speed-repeats", type=int, default=1, help="timed runs per model at --speed-latent"
-    )
-    p.add_argument("--latency-chunks", type=int, default=50)
     p.add_argument("--skip-metrics", action="store_true")
-    p.add_argument(
-        "--skip-timing", action="store_true", help="metrics only (no decode / latency timing)"
-    )
+    p.add_argument("--skip-timing", action="store_true", help="metrics only (no per-chunk timing)")
     p.add_argument("--vae", default=None, help="VAE weights file (default: the shipped ones)")
-    p.add_argument("--lengths", default="short,4x,12x", help="rollout lengths to run")
+    p.add_argument("--lengths", default="short,4x,12x", help="rollout lengths of the metrics")
     p.add_argument("--sizes", default="trained,large", help="timing sizes (large: --speed-latent)")
     args = p.parse_args()
+    if args.steady_from >= args.chunks:
+        p.error("--steady-from must be below --chunks")
     lengths = [(name, mult) for name, mult in LENGTHS if name in args.lengths.split(",")]
 
     preset = get(args.model)
@@ -126,7 +195,7 @@ def main() -> None:
     _, h, w, c = geo.latent_shape(1, d.height, d.width)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        models = {a: load_causal(preset, a) for a in ("dense", "sparse")}
+        weights = {a: load_causal(preset, a) for a in ("dense", "sparse")}
         if args.vae is not None:
             vae_spec = get_vae(spec.vae)
             vae = vae_spec.loader(args.vae, vae_spec.config)
@@ -134,99 +203,71 @@ def main() -> None:
             vae = load_vae(spec, None)
     for warning in caught:
         print(f"warning: {warning.message}")
-    layouts = {a: models[a].layout(preset.forcing(a), (h, w)) for a in models}
+    model_of = lambda cfg: weights[cfg.attention]
+    kv_bytes = lambda cfg: peak_kv_bytes(model_of(cfg), model_of(cfg).layout(cfg, (h, w)))
+    configs = comparison_configs(preset.forcing("dense"), preset.forcing("sparse"), kv_bytes)
+    layouts = {name: model_of(cfg).layout(cfg, (h, w)) for name, cfg in configs.items()}
+    peak = {name: kv_bytes(cfg) for name, cfg in configs.items()}
     device = jax.devices()[0]
+    lay = layouts["dense"]
     print(f"# Sparse Forcing benchmark: {preset.name} on {device.platform} ({device.device_kind})")
-    for a, lay in layouts.items():
-        cfg = lay.config
-        print(
-            f"  {a:6s}: sink {cfg.sink_frames} + window {cfg.window_frames} frames, "
-            f"memory {cfg.memory_blocks} blocks, top-k local {cfg.local_topk} / memory "
-            f"{cfg.memory_topk}, compressed {cfg.compressed_tokens}; {lay.tokens_per_frame} "
-            f"tokens/frame, block {lay.block_size}"
-        )
+    print(f"configurations ({lay.tokens_per_frame} tokens/frame, block {lay.block_size}):")
+    for name, cfg in configs.items():
+        print(f"  {name:12s}: {_describe(cfg)}; peak KV {peak[name] / 2**10:.1f} KiB")
+    print("\npeak KV cache (sparse / dense):")
+    for label, dn, sp in COMPARISONS:
+        print(f"  {label:24s}: {dn} vs {sp}: {peak[sp] / peak[dn]:.3f}")
 
-    # -- peak KV cache ---------------------------------------------------------------------------
-    peak = {a: peak_kv_bytes(models[a], layouts[a]) for a in models}
-    kv_ratio = peak["sparse"] / peak["dense"]
-    print(
-        f"\npeak KV cache: dense {peak['dense'] / 2**10:.1f} KiB, sparse "
-        f"{peak['sparse'] / 2**10:.1f} KiB -> ratio {kv_ratio:.3f} (target <= 0.58)"
-    )
-
-    # -- decode speed ----------------------------------------------------------------------------
+    # -- per-chunk decode time -------------------------------------------------------------------
     one = _context(spec, [_prompts(1)[0].caption])
-    speed_rows = []
-    sizes = [("trained", (h, w))] if "trained" in args.sizes.split(",") else []
-    if args.skip_timing:
-        sizes = []
-    if args.speed_latent and "large" in args.sizes.split(",") and not args.skip_timing:
-        sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
+    sizes = []
+    if not args.skip_timing:
+        if "trained" in args.sizes.split(","):
+            sizes.append(("trained", (h, w)))
+        if args.speed_latent and "large" in args.sizes.split(","):
+            sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
     # "auto" is the PBSA reference path on a CPU and the kernel on an accelerator; "gather" is
     # the XLA gather + batched-matmul path (vidax.forcing.attention.gather_attention).
-    backends = [("auto", None), ("gather", "gather")]
-    if device.platform != "cpu":
-        backends.append(("reference", "reference"))
+    backends = ["auto", "gather"] + (["reference"] if device.platform != "cpu" else [])
+    timing_rows = []
     for size_name, hw in sizes:
-        # Same block structure at a larger size: blocks grow with the tokens of a frame.
         _, ph, pw = spec.config.patch_size
         frame_tokens = (hw[0] // ph) * (hw[1] // pw)
-        repeats = args.repeats if hw == (h, w) else args.speed_repeats
-        for name, mult in lengths:
-            n = args.short_chunks * mult
-            fns = {}
-            for a, model in models.items():
-                for backend, override in backends:
-                    if a == "dense" and override is not None:
-                        continue
-                    cfg = preset.forcing(a)
-                    per_frame = layouts[a].blocks_per_frame
-                    cfg = dataclasses.replace(cfg, block_size=frame_tokens // per_frame)
-                    if cfg.query_tile is not None:  # the largest tile <= the preset's that fits
-                        chunk_tokens = frame_tokens * cfg.chunk_frames
-                        tile = max(t for t in range(1, cfg.query_tile + 1) if chunk_tokens % t == 0)
-                        cfg = dataclasses.replace(cfg, query_tile=tile)
-                    if override is not None:
-                        cfg = dataclasses.replace(cfg, pbsa_backend=override)
-                    lay = model.layout(cfg, hw)
-                    key = f"{a}" if override is None else f"{a}:{backend}"
-                    fns[key] = lambda m=model, lay=lay, hw=hw, n=n: generate_latents(
-                        m, jax.random.key(0), one, lay, n, latent_hw=hw, channels=c
-                    )
-            times = _timed(fns, repeats)
-            row = (size_name, name, n, times)
-            speed_rows.append(row)
-            extra = "".join(
-                f", sparse[{k.split(':')[1]}] {times[k]:.2f} s ({times['dense'] / times[k]:.2f}x)"
-                for k in times
-                if ":" in k
-            )
+        steppers = {}
+        for name, cfg in configs.items():
+            cfg = at_size(cfg, layouts[name].blocks_per_frame, frame_tokens)
+            for backend in backends if cfg.sparse else ["-"]:
+                run = cfg if backend == "-" else dataclasses.replace(cfg, pbsa_backend=backend)
+                key = name if backend == "-" else f"{name}[{backend}]"
+                model = model_of(cfg)
+                steppers[key] = ChunkStepper(model, model.layout(run, hw), latent_hw=hw, channels=c)
+        times = per_chunk_times(steppers, args.chunks, one)
+        steady = {k: float(np.median(t[args.steady_from :])) for k, t in times.items()}
+        short = {k: float(np.mean(t[: args.short_chunks])) for k, t in times.items()}
+        print(
+            f"\nper-chunk decode at {size_name} ({frame_tokens} tokens/frame; ms; short = mean of "
+            f"chunks 1-{args.short_chunks}, steady = median of chunks "
+            f"{args.steady_from + 1}-{args.chunks}):"
+        )
+        print(f"  {'configuration':22s} {'short':>8s} {'steady':>8s}  chunk 1 / 10 / {args.chunks}")
+        for k, t in times.items():
+            picks = " / ".join(f"{1e3 * t[i - 1]:.1f}" for i in (1, 10, args.chunks))
+            print(f"  {k:22s} {1e3 * short[k]:8.1f} {1e3 * steady[k]:8.1f}  {picks}")
+        for label, dn, sp in COMPARISONS:
+            for backend in backends:
+                sk = f"{sp}[{backend}]"
+                timing_rows.append(
+                    (size_name, label, backend, steady[dn] / steady[sk], short[dn] / short[sk])
+                )
+
+    if timing_rows:
+        print("\nsparse speed-up over dense (dense time / sparse time, per chunk):")
+        print(f"  {'size':10s} {'comparison':24s} {'backend':10s} {'steady':>7s} {'short':>7s}")
+        for size_name, label, backend, steady_x, short_x in timing_rows:
             print(
-                f"decode {size_name:10s} {name:5s} ({n:3d} chunks): dense {times['dense']:.2f} s, "
-                f"sparse {times['sparse']:.2f} s -> speed-up {times['dense'] / times['sparse']:.2f}x"
-                + extra,
+                f"  {size_name:10s} {label:24s} {backend:10s} {steady_x:6.2f}x {short_x:6.2f}x",
                 flush=True,
             )
-
-    # -- per-chunk latency -----------------------------------------------------------------------
-    print("\nper-chunk latency (streamed, compiled once; ms):")
-    for a, model in models.items() if args.latency_chunks and not args.skip_timing else ():
-        stepper = ChunkStepper(model, layouts[a], latent_hw=(h, w), channels=c)
-        key = jax.random.key(1)
-        cache = stepper.init(1)
-        x, cache = stepper(cache, 0, key, one)  # compile
-        jax.block_until_ready(x)
-        cache = stepper.init(1)
-        lat = []
-        for i in range(args.latency_chunks):
-            start = time.perf_counter()
-            x, cache = stepper(cache, i, key, one)
-            jax.block_until_ready(x)
-            lat.append(time.perf_counter() - start)
-        picks = [i for i in (1, 10, 50) if i <= len(lat)]
-        shown = ", ".join(f"chunk {i}: {1e3 * lat[i - 1]:.1f}" for i in picks)
-        tail = np.median(lat[len(lat) // 2 :]) / np.median(lat[1 : max(2, len(lat) // 5)])
-        print(f"  {a:6s}: {shown} (late/early median ratio {tail:.2f})")
 
     if args.skip_metrics:
         return
@@ -236,48 +277,45 @@ def main() -> None:
     context = _context(spec, [q.caption for q in prompts])
     print(f"\nmetrics over {len(prompts)} prompts (mean; whole rollout | last quarter):")
     header = "".join(f"{m:>28s}" for m in METRICS)
-    print(f"{'length':6s} {'model':6s}{header}")
+    print(f"{'length':6s} {'configuration':12s}{header}")
     results = {}
     for name, mult in lengths:
         n = args.short_chunks * mult
-        for a, model in models.items():
+        for cname, cfg in configs.items():
             lat = generate_latents(
-                model, jax.random.key(2), context, layouts[a], n, latent_hw=(h, w), channels=c
+                model_of(cfg),
+                jax.random.key(2),
+                context,
+                layouts[cname],
+                n,
+                latent_hw=(h, w),
+                channels=c,
             )
-            frames = np.asarray(vae.decode(lat)) if vae is not None else None
+            frames = np.asarray(vae.decode(lat))
             whole, last = [], []
             for i, q in enumerate(prompts):
                 video = frames[i]
                 whole.append(_metrics(video, q.caption))
                 last.append(_metrics(video[-(video.shape[0] // 4) :], q.caption))
             mean = lambda rows: {m: float(np.mean([r[m] for r in rows])) for m in METRICS}
-            results[(name, a)] = (mean(whole), mean(last))
+            results[(name, cname)] = (mean(whole), mean(last))
             cells = "".join(
-                f"{results[(name, a)][0][m]:>13.4f} | {results[(name, a)][1][m]:<12.4f}"
+                f"{results[(name, cname)][0][m]:>13.4f} | {results[(name, cname)][1][m]:<12.4f}"
                 for m in METRICS
             )
-            print(f"{name:6s} {a:6s}{cells}", flush=True)
+            print(f"{name:6s} {cname:12s}{cells}", flush=True)
 
     print("\nsummary (sparse vs dense):")
-    print(f"  peak KV-cache ratio: {kv_ratio:.3f} (target <= 0.58)")
-    for size_name, name, _, times in speed_rows:
-        target = 1.1 if name == "short" else 1.25
-        others = "".join(
-            f", [{k.split(':')[1]}] {times['dense'] / times[k]:.2f}x" for k in times if ":" in k
-        )
-        print(
-            f"  decode speed-up {size_name:10s} {name:5s}: {times['dense'] / times['sparse']:.2f}x "
-            f"[pbsa {'reference' if device.platform == 'cpu' else 'kernel'}]{others} "
-            f"(target >= {target})"
-        )
-    for name, _ in lengths:
-        for part, label in ((0, "whole"), (1, "last quarter")):
-            cmp = []
-            for m in METRICS:
-                s, dn = results[(name, "sparse")][part][m], results[(name, "dense")][part][m]
-                better = s > dn if HIGHER_IS_BETTER[m] else s < dn
-                cmp.append(f"{m} {s:.4f} vs {dn:.4f} ({'better' if better else 'not better'})")
-            print(f"  {name:5s} {label:12s}: " + "; ".join(cmp))
+    for label, dn, sp in COMPARISONS:
+        print(f"  {label}: {sp} vs {dn}, peak KV ratio {peak[sp] / peak[dn]:.3f}")
+        for name, _ in lengths:
+            for part, where in ((0, "whole"), (1, "last quarter")):
+                cmp = []
+                for m in METRICS:
+                    s_, d_ = results[(name, sp)][part][m], results[(name, dn)][part][m]
+                    better = s_ > d_ if HIGHER_IS_BETTER[m] else s_ < d_
+                    cmp.append(f"{m} {s_:.4f} vs {d_:.4f} ({'better' if better else 'not better'})")
+                print(f"    {name:5s} {where:12s}: " + "; ".join(cmp))
 
 
 if __name__ == "__main__":
