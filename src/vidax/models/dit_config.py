@@ -1,4 +1,5 @@
-"""Geometry and dtypes every patchified video DiT config derives the same way."""
+"""Geometry and dtypes every patchified video DiT config derives the same way, and the dtype
+check of every model config (DiTs, VAEs, text and image encoders)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from jax.sharding import Mesh
 from vidax.checkpoint import Rule, load_model
 
 Model = TypeVar("Model", bound=nnx.Module)
+
+# The dtype names a config's `dtype` / `param_dtype` may take.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtypes(config: Any, allowed: tuple[str, ...] = DTYPES) -> None:
+    """Checks a config dataclass's `dtype` and `param_dtype` fields name `allowed` dtypes.
+
+    Raises:
+      ValueError: naming the config class, the field, the allowed names and the value.
+    """
+    for field in ("dtype", "param_dtype"):
+        value = getattr(config, field)
+        if value not in allowed:
+            raise ValueError(
+                f"{type(config).__name__}.{field} must be one of {allowed}, got {value!r}"
+            )
 
 
 class ConfigDtypes:

@@ -26,14 +26,13 @@ from jaxtyping import Array, Float
 from PIL import Image
 
 from vidax.checkpoint import Rule, linear_rules, open_checkpoint
-from vidax.models.dit_config import ConfigDtypes, load_converted
+from vidax.models.dit_config import DTYPES, ConfigDtypes, check_dtypes, load_converted
 from vidax.nn import FeedForward, LayerNorm, Linear, attention
 from vidax.nn.attention import IMPLEMENTATIONS
 from vidax.nn.layers import gelu_tanh, param
 from vidax.nn.scan import scan_layers, stack_layers
 from vidax.sharding import shard
 
-DTYPES = ("float32", "bfloat16", "float16")
 # The size fields of `ViTConfig`, all positive.
 _SIZES = (
     "hidden_size",
@@ -125,11 +124,7 @@ class ViTConfig(ConfigDtypes):
             raise ValueError(
                 f"{name}.hidden_act must be one of {tuple(ACTIVATIONS)}, got {self.hidden_act!r}"
             )
-        for field in ("dtype", "param_dtype"):
-            if getattr(self, field) not in DTYPES:
-                raise ValueError(
-                    f"{name}.{field} must be one of {DTYPES}, got {getattr(self, field)!r}"
-                )
+        check_dtypes(self)
         if self.attention_impl not in IMPLEMENTATIONS:
             raise ValueError(
                 f"{name}.attention_impl must be one of {IMPLEMENTATIONS}, "

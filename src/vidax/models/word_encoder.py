@@ -28,6 +28,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float
 
 from vidax.checkpoint import Rule, linear_rules, load_model, save_model
+from vidax.models.dit_config import check_dtypes
 from vidax.nn import LayerNorm, Linear, attention
 from vidax.nn.layers import FeedForward
 
@@ -62,9 +63,7 @@ class WordEncoderConfig:
                 raise ValueError(f"WordEncoderConfig.{name} must be positive")
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"WordEncoderConfig.{name} must be one of {_DTYPES}")
+        check_dtypes(self, _DTYPES)
 
 
 class _Layer(nnx.Module):

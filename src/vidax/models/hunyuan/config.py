@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from vidax.models.dit_config import PatchedVideoDiT, diffusers_fields
-
-_DTYPES = ("float32", "bfloat16", "float16")
+from vidax.models.dit_config import PatchedVideoDiT, check_dtypes, diffusers_fields
 
 
 def check_dit_config(config, positive: tuple[str, ...]) -> None:
@@ -34,11 +32,7 @@ def check_dit_config(config, positive: tuple[str, ...]) -> None:
         raise ValueError(f"patch_size must be three positive ints, got {config.patch_size}")
     if config.freq_dim % 2:
         raise ValueError(f"freq_dim must be even, got {config.freq_dim}")
-    for field in ("dtype", "param_dtype"):
-        if getattr(config, field) not in _DTYPES:
-            raise ValueError(
-                f"{name}.{field} must be one of {_DTYPES}, got {getattr(config, field)!r}"
-            )
+    check_dtypes(config)
 
 
 class HunyuanDiTConfigBase(PatchedVideoDiT):

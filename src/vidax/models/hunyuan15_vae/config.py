@@ -6,10 +6,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from vidax.models.dit_config import diffusers_arguments, diffusers_fields
+from vidax.models.dit_config import check_dtypes, diffusers_arguments, diffusers_fields
 from vidax.models.hunyuan_vae.config import Tiling
-
-_DTYPES = ("float32", "bfloat16", "float16")
 
 # The encoder runs frame 0 alone, then chunks of this many frames (one latent frame each).
 ENCODE_CHUNK = 4
@@ -101,9 +99,7 @@ class HunyuanVideo15VAEConfig:
                 "HunyuanVideo-1.5 streams time in causal chunks; its tiling must have frames=None"
             )
         self.tiling.check(self.spatial_factor, self.temporal_factor)
-        for field in ("dtype", "param_dtype"):
-            if getattr(self, field) not in _DTYPES:
-                raise ValueError(f"{field} must be one of {_DTYPES}, got {getattr(self, field)!r}")
+        check_dtypes(self)
 
     @property
     def encoder_layout(self) -> tuple[Stage, ...]:

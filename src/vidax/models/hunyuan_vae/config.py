@@ -6,9 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from vidax.models.dit_config import diffusers_arguments, diffusers_fields
-
-_DTYPES = ("float32", "bfloat16", "float16")
+from vidax.models.dit_config import check_dtypes, diffusers_arguments, diffusers_fields
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,9 +135,7 @@ class HunyuanVideoVAEConfig:
         if self.scaling_factor <= 0:
             raise ValueError(f"scaling_factor must be positive, got {self.scaling_factor}")
         self.tiling.check(self.spatial_factor, self.temporal_factor)
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        check_dtypes(self)
 
     def _stage_factors(self, i: int) -> tuple[int, int]:
         """(temporal, spatial) resampling factor of stage i, by diffusers' rule."""

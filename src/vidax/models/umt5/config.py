@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vidax.models.dit_config import ConfigDtypes
+from vidax.models.dit_config import ConfigDtypes, check_dtypes
 
 # float16 is left out on purpose: T5's gated FFN overflows it (transformers keeps `wo` in float32
 # and clamps activations to cope); bfloat16 has float32's range and needs neither.
@@ -59,11 +59,7 @@ class UMT5Config(ConfigDtypes):
             )
         if not self.eps > 0:
             raise ValueError(f"UMT5Config.eps must be positive, got {self.eps}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(
-                    f"UMT5Config.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}"
-                )
+        check_dtypes(self, _DTYPES)
 
     @property
     def inner_dim(self) -> int:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from vidax.models.dit_config import PatchedVideoDiT, diffusers_fields
+from vidax.models.dit_config import PatchedVideoDiT, check_dtypes, diffusers_fields
 from vidax.nn.rope import wan_axes_dims
-
-_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,11 +114,7 @@ class WanConfig(PatchedVideoDiT):
             )
         if self.freq_dim % 2:
             raise ValueError(f"freq_dim must be even, got {self.freq_dim}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(
-                    f"WanConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}"
-                )
+        check_dtypes(self)
 
     @property
     def head_dim(self) -> int:

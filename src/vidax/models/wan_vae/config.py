@@ -6,7 +6,8 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 
-_DTYPES = ("float32", "bfloat16", "float16")
+from vidax.models.dit_config import check_dtypes
+
 # How `CausalConv3d` computes a 3D convolution: "native", one 3D convolution; "2d-sum", the sum
 # of kt 2D convolutions over shifted frames. XLA:CPU has no fast path for 3D convolutions: there
 # a 3x3x3 conv runs ~4x faster forward and ~7x faster backward as the sum. The function is the
@@ -125,9 +126,7 @@ class WanVAEConfig:
                 raise ValueError(f"{name} has {len(value)} values, expected z_dim={self.z_dim}")
         if self.latents_std is not None and any(s <= 0 for s in self.latents_std):
             raise ValueError(f"latents_std must be positive, got {self.latents_std}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        check_dtypes(self)
         if self.conv_impl not in CONV_IMPLS:
             raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
 
