@@ -16,9 +16,23 @@ from typing import Annotated
 
 import typer
 
-_DATA_PARALLEL = typer.Option(
-    help="Data-parallel devices (a ('data',) mesh over the first N devices; 1: no mesh)."
-)
+# The options `train vae` and `train dit` share (None: keep the stage config's default).
+_Steps = Annotated[int | None, typer.Option(help="Total optimiser steps.")]
+_BatchSize = Annotated[int | None, typer.Option(help="Global batch size.")]
+_Seed = Annotated[int | None, typer.Option(help="Seed of data, init and noise.")]
+_LearningRate = Annotated[float | None, typer.Option(help="Peak learning rate.")]
+_ShortFrames = Annotated[
+    int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
+]
+_ShortFraction = Annotated[float | None, typer.Option(help="Share of short steps.")]
+_CheckpointEvery = Annotated[int | None, typer.Option(help="Save every N steps.")]
+_DataParallel = Annotated[
+    int,
+    typer.Option(
+        help="Data-parallel devices (a ('data',) mesh over the first N devices; 1: no mesh)."
+    ),
+]
+_VAERun = Annotated[Path, typer.Option(help="Run dir of `vidax train vae`.")]
 
 
 def register(app: typer.Typer) -> typer.Typer:
@@ -63,18 +77,16 @@ def train_vae(
         "runs/tiny-vae"
     ),
     vae: Annotated[str | None, typer.Option(help="VAE preset (default: shapes).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Total optimiser steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    steps: _Steps = None,
+    batch_size: _BatchSize = None,
+    seed: _Seed = None,
+    lr: _LearningRate = None,
     frames: Annotated[int | None, typer.Option(help="Training clip length (1 + 4k).")] = None,
-    short_frames: Annotated[
-        int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
-    ] = None,
-    short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
+    short_frames: _ShortFrames = None,
+    short_fraction: _ShortFraction = None,
     crop: Annotated[int | None, typer.Option(help="Square crop in pixels (0: whole).")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
-    data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
+    checkpoint_every: _CheckpointEvery = None,
+    data_parallel: _DataParallel = 1,
 ) -> None:
     """Train (or resume) the VAE on synthetic shape clips; exports its EMA weights."""
     from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, VAEStageConfig
@@ -102,20 +114,16 @@ def train_dit(
     run_dir: Annotated[Path, typer.Option(help="Cache, checkpoints, log, exported DiT.")] = Path(
         "runs/tiny-dit"
     ),
-    vae_run: Annotated[Path, typer.Option(help="Run dir of `vidax train vae`.")] = Path(
-        "runs/tiny-vae"
-    ),
+    vae_run: _VAERun = Path("runs/tiny-vae"),
     model: Annotated[str | None, typer.Option(help="Transformer preset (default: tiny).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Total optimiser steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    steps: _Steps = None,
+    batch_size: _BatchSize = None,
+    seed: _Seed = None,
+    lr: _LearningRate = None,
     cache_clips: Annotated[int | None, typer.Option(help="Distinct training clips.")] = None,
     frames: Annotated[int | None, typer.Option(help="Clip length (1 + 4k).")] = None,
-    short_frames: Annotated[
-        int | None, typer.Option(help="Clip length of the first --short-fraction of steps.")
-    ] = None,
-    short_fraction: Annotated[float | None, typer.Option(help="Share of short steps.")] = None,
+    short_frames: _ShortFrames = None,
+    short_fraction: _ShortFraction = None,
     image_fraction: Annotated[
         float | None, typer.Option(help="Share of single-frame steps, interleaved.")
     ] = None,
@@ -132,8 +140,8 @@ def train_dit(
     init: Annotated[
         Path | None, typer.Option(help="Start from these transformer weights (fine-tuning).")
     ] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(help="Save every N steps.")] = None,
-    data_parallel: Annotated[int, _DATA_PARALLEL] = 1,
+    checkpoint_every: _CheckpointEvery = None,
+    data_parallel: _DataParallel = 1,
 ) -> None:
     """Train (or resume) the DiT on the trained VAE's latents; exports its EMA weights."""
     from vidax.train.dit import TRANSFORMER_FILE, DiTStageConfig
@@ -180,7 +188,7 @@ def train_all(
     batch_scale: Annotated[
         float | None, typer.Option(help="Multiply every bucket's batch size.")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of data, init and noise.")] = None,
+    seed: _Seed = None,
     total_seconds: Annotated[
         float | None,
         typer.Option(help="Wall-clock budget of the whole run; the DiT stage gets the rest."),
@@ -216,9 +224,7 @@ def train_all(
 
 
 def export(
-    vae_run: Annotated[Path, typer.Option(help="Run dir of `vidax train vae`.")] = Path(
-        "runs/tiny-vae"
-    ),
+    vae_run: _VAERun = Path("runs/tiny-vae"),
     dit_run: Annotated[Path, typer.Option(help="Run dir of `vidax train dit`.")] = Path(
         "runs/tiny-dit"
     ),
