@@ -22,8 +22,9 @@ from vidax.forcing.attention import (
     select_blocks,
     sparse_attention,
 )
-from vidax.forcing.cache import token_positions
+from vidax.forcing.cache import slot_lengths, token_positions
 from vidax.kernels.pbsa import pbsa_reference
+from vidax.kernels.pbsa.index import iota_below
 from vidax.nn import apply_rope
 from vidax.nn.rope import wan_axes_dims
 
@@ -43,9 +44,9 @@ SPARSE = ForcingConfig(
 GRID = (2, 2)  # 4 tokens = 2 blocks per frame
 
 
-def _filled_cache(cfg: ForcingConfig, chunks: int, seed: int = 0):
+def _filled_cache(cfg: ForcingConfig, chunks: int, seed: int = 0, grid=GRID):
     """One layer's cache after `chunks` random chunks (with memory and compressed ring)."""
-    lay = cfg.layout(GRID)
+    lay = cfg.layout(grid)
     layer = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
     layer = layer.layer(0)
     key = jax.random.key(seed)
@@ -112,21 +113,27 @@ def _explicit_jit(q, k, v, layer, lay, chunk, keep):
     cv = layer.v.reshape(b, n, s * bs, kd)
     keys = jnp.concatenate([ck, kr.transpose(0, 2, 1, 3)], axis=2)
     vals = jnp.concatenate([cv, v.transpose(0, 2, 1, 3)], axis=2)
-    ok = jnp.repeat(keep & (layer.frame >= 0), bs, axis=-1)
-    ok = jnp.concatenate([ok, jnp.ones((b, n, q.shape[1]), bool)], axis=-1)
+    ok = iota_below(bs, jnp.where(keep, slot_lengths(layer.frame, layer.block, lay), 0))
+    ok = jnp.concatenate([ok.reshape(b, n, s * bs), jnp.ones((b, n, q.shape[1]), bool)], -1)
     logits = jnp.einsum("blnk,bnsk->bnls", qr, keys) / np.sqrt(kd)
     logits = jnp.where(ok[:, :, None], logits, -jnp.inf)
     return jnp.einsum("bnls,bnsk->blnk", jax.nn.softmax(logits, -1), vals)
 
 
+# 2x2 = 4 tokens per frame in 2 blocks of 2; 2x3 = 6 tokens in blocks of 4 (4 + a partial 2).
+GRIDS = [((2, 2), 2), ((2, 3), 4)]
+
+
+@pytest.mark.parametrize("grid, block", GRIDS, ids=["blocks", "partial-blocks"])
 @pytest.mark.parametrize("chunks", [0, 2, 6])
-def test_dense_attention_matches_explicit(chunks):
-    """Growing (0, 2 chunks cached) and full (6) caches. The empty slots hold NaN: a dense read
-    that touched them (instead of the filled prefix only) would return NaN."""
-    cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=2)
-    lay, layer = _filled_cache(cfg, chunks)
+def test_dense_attention_matches_explicit(chunks, grid, block):
+    """Growing (0, 2 chunks cached) and full (6) caches. Empty slots and the padding of partial
+    blocks hold NaN: a dense read that touched them (instead of the filled prefix's tokens
+    only) would return NaN."""
+    cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=block)
+    lay, layer = _filled_cache(cfg, chunks, grid=grid)
     q, k, v = _qkv(lay)
-    empty = (layer.frame < 0)[..., None, None]
+    empty = ~iota_below(block, slot_lengths(layer.frame, layer.block, lay))[..., None]
     poisoned = dataclasses.replace(
         layer, k=jnp.where(empty, jnp.nan, layer.k), v=jnp.where(empty, jnp.nan, layer.v)
     )
@@ -137,9 +144,11 @@ def test_dense_attention_matches_explicit(chunks):
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_sparse_selecting_every_block_is_dense():
-    cfg = dataclasses.replace(SPARSE, local_topk=4, memory_topk=3)  # all window + memory blocks
-    lay, layer = _filled_cache(cfg, 7)
+@pytest.mark.parametrize("grid, block", GRIDS, ids=["blocks", "partial-blocks"])
+def test_sparse_selecting_every_block_is_dense(grid, block):
+    # All window + memory blocks; with partial blocks, their padding is masked in every branch.
+    cfg = dataclasses.replace(SPARSE, local_topk=4, memory_topk=3, block_size=block)
+    lay, layer = _filled_cache(cfg, 7, grid=grid)
     assert (layer.frame >= 0).all()  # memory and window full, with evictions behind them
     q, k, v = _qkv(lay)
     dense, _ = _dense(q, k, v, layer, 7, lay)
@@ -202,14 +211,14 @@ def test_gather_attention_equals_pbsa_reference():
     q = jax.random.normal(ks[0], (b, tile * nq, n, kd))
     pool_k = jax.random.normal(ks[1], (b, n, slots, bs, kd))
     pool_v = jax.random.normal(ks[2], (b, n, slots, bs, kd))
-    # Distinct slots per tile (a random permutation's head), some of them empty.
+    # Distinct slots per tile (a random permutation's head); slots empty, partial (a frame's
+    # last block) and full.
     idx = jnp.argsort(jax.random.uniform(ks[3], (b, n, nq, slots)), axis=-1)[..., :m]
     idx = idx.astype(jnp.int32)
-    valid = jnp.arange(slots) % 3 != 1
-    valid = jnp.broadcast_to(valid, (b, n, slots))
-    out = gather_attention(q, pool_k, pool_v, idx, valid, tile, 0.3)
+    slot_len = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) % (bs + 1), (b, n, slots))
+    out = gather_attention(q, pool_k, pool_v, idx, slot_len, tile, 0.3)
     ref = pbsa_reference(
         q.swapaxes(1, 2), pool_k, pool_v, idx, jnp.full((b, n, nq), m, jnp.int32),
-        block_q=tile, scale=0.3, slot_len=jnp.where(valid, bs, 0).astype(jnp.int32),
+        block_q=tile, scale=0.3, slot_len=slot_len,
     )  # fmt: skip
     np.testing.assert_allclose(out, ref.swapaxes(1, 2), atol=1e-5, rtol=1e-5)

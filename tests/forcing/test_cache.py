@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from vidax.forcing import ForcingConfig, init_cache, write_chunk
-from vidax.forcing.cache import chunk_slot, time_positions, token_positions
+from vidax.forcing.cache import (
+    block_centre_positions,
+    chunk_slot,
+    time_positions,
+    token_positions,
+)
 
 B, N, K = 1, 2, 4
 
@@ -156,6 +161,53 @@ def test_bounded_memory_reads_nothing_beyond_the_context_span(memory_frames):
         assert set(frames.ravel().tolist()) <= {7, 8}
     else:
         assert oldest_held[-1] == 1  # frame 1 (the oldest evicted) is never let go
+
+
+def test_partial_blocks_hold_a_frame_in_order_padded_with_zeros():
+    """6 tokens per frame in blocks of 4: each frame is a full block and a partial one of 2.
+    Slots hold their frame's tokens in order, the padding zeros; compressed tokens are means of
+    a block's tokens and sit at their centre, padding excluded.
+
+    Fails on frames cut across blocks (a reshape without per-frame padding), padding counted
+    in a compressed mean or in a block's centre."""
+    cfg = ForcingConfig(
+        chunk_frames=1,
+        sink_frames=1,
+        window_frames=1,
+        block_size=4,
+        attention="sparse",
+        memory_blocks=1,
+        local_topk=1,
+        compressed_tokens=2,
+    )
+    lay = cfg.layout((2, 3))
+    assert lay.blocks_per_frame == 2 and lay.last_block_tokens == 2
+    layer = init_cache(lay, num_layers=1, batch=B, num_heads=N, head_dim=K, dtype=jnp.float32)
+    layer = layer.layer(0)
+    write = jax.jit(lambda layer, k, v, c, mass: write_chunk(layer, k, v, c, lay, mass=mass))
+    for c in range(4):
+        k, v = _chunk_kv(c, lay)
+        # Partial blocks (1) are the more salient, newer frames more than older ones.
+        f = layer.frame.astype(jnp.float32)
+        mass = jnp.where(layer.frame >= 0, jnp.where(layer.block == 1, 1.0, 0.5) + 0.1 * f, 0.0)
+        layer = write(layer, k, v, jnp.int32(c), mass)
+        frames, blocks = np.asarray(layer.frame[0, 0]), np.asarray(layer.block[0, 0])
+        for slot in np.flatnonzero(frames >= 0):
+            f, blk = int(frames[slot]), int(blocks[slot])
+            n = 4 if blk == 0 else 2
+            want = np.zeros(4)
+            want[:n] = 100 * f + blk * 4 + np.arange(n)
+            np.testing.assert_array_equal(np.asarray(layer.k[0, 0, slot, :, 0]), want)
+    # Frames 1 and 2 were evicted; frame 2's partial block won the memory, frame 1's partial
+    # and frame 2's full block went to the ring (the chunk before's full block overwritten).
+    assert np.asarray(layer.frame[0, 0, lay.memory_start]) == 2
+    cf, cb = np.asarray(layer.cframe[0, 0]), np.asarray(layer.cblock[0, 0])
+    assert sorted(zip(cf.tolist(), cb.tolist(), strict=True)) == [(1, 1), (2, 0)]
+    means = 100 * cf + 4 * cb + np.where(cb == 0, 1.5, 0.5)  # of tokens 0-3, of tokens 4-5
+    np.testing.assert_allclose(np.asarray(layer.ck[0, 0, :, 0]), means)
+    # The partial block's centre: tokens 4, 5 of a 2x3 frame = row 1, columns 1 and 2.
+    centre = block_centre_positions(jnp.array([3]), jnp.array([1]), jnp.int32(3), lay)
+    np.testing.assert_allclose(np.asarray(centre)[0], [3.0, 1.0, 1.5])
 
 
 def test_cache_shapes_do_not_grow():

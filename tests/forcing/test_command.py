@@ -80,7 +80,6 @@ def test_stream_decoder_equals_whole_decode(vae):
         (dict(frames=20), "4k\\+1"),
         (dict(frames=21, forcing_overrides={"local_topk": 13}), "larger than the local window"),
         (dict(frames=21, forcing_overrides={"memory_blocks": 13}), "larger than the window"),
-        (dict(frames=21, forcing_overrides={"block_size": 24}), "does not divide"),
         (dict(frames=21, attention="flash"), "dense' or 'sparse"),
         (dict(model="tiny-acausal"), "unknown causal model"),
     ],

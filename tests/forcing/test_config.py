@@ -68,7 +68,6 @@ def test_config_errors(kwargs, match):
     [
         ({**SPARSE, "local_topk": 7}, (4, 4), "larger than the local window"),
         ({**SPARSE, "memory_blocks": 7, "memory_topk": 1}, (4, 4), "larger than the window"),
-        (dict(block_size=5), (4, 4), "does not divide"),
         (dict(query_tile=5), (4, 4), "query_tile"),
         ({**SPARSE, "compressed_tokens": 4}, (4, 4), "at least the 6 blocks"),
     ],
@@ -77,6 +76,19 @@ def test_layout_errors(kwargs, grid, match):
     cfg = ForcingConfig(**kwargs)
     with pytest.raises(ValueError, match=match):
         cfg.layout(grid)
+
+
+def test_partial_last_block():
+    """Any block size: a frame that it does not divide ends in a partial (padded) block."""
+    # Wan 2.1 480p: 30 x 52 = 1560 tokens per latent frame; blocks of 64 = 24 full + one of 24.
+    lay = ForcingConfig(block_size=64).layout((30, 52))
+    assert lay.blocks_per_frame == 25 and lay.last_block_tokens == 24 and lay.ragged
+    assert lay.chunk_blocks == 75 and lay.chunk_tokens == 3 * 1560
+    assert lay.cache_tokens() == 18 * 25 * 64  # the padding is stored
+    even = ForcingConfig(block_size=60).layout((30, 52))
+    assert even.blocks_per_frame == 26 and even.last_block_tokens == 60 and not even.ragged
+    # A block larger than a frame: one partial block per frame.
+    assert ForcingConfig(block_size=5).layout((2, 2)).blocks_per_frame == 1
 
 
 def test_chunk_must_divide_frames():

@@ -34,6 +34,7 @@ from vidax.forcing.train import (
     tiny_causal_stages,
     train_stage,
 )
+from vidax.forcing.train_command import train_causal
 from vidax.train.optim import OptimConfig
 
 
@@ -103,7 +104,7 @@ def test_straight_through_gradient_is_the_soft_selection_gradient():
     pool_v = jax.random.normal(ks[2], (b, n, slots, bs, kd))
     idx = jnp.argsort(jax.random.uniform(ks[3], (b, n, nq, slots)), axis=-1)[..., :m]
     idx = idx.astype(jnp.int32)
-    valid = jnp.ones((b, n, slots), bool)
+    valid = jnp.full((b, n, slots), bs, jnp.int32)  # every slot full
     w = jax.random.normal(jax.random.key(9), (b, tile * nq, n, kd))
 
     def f(s):
@@ -229,3 +230,10 @@ def test_retired_gates_load_only_when_zero(zero_init_model, tmp_path):
     with pytest.raises(CheckpointError, match="retired gate format") as err:
         load(tmp_path / "trained.safetensors", SMALL)
     assert "\n" not in str(err.value)
+
+
+def test_train_causal_checks_the_sparse_options_before_training(tmp_path):
+    with pytest.raises(ValueError, match="--sparse-steps must be >= 1"):
+        train_causal(root=tmp_path, only="sparse", sparse_steps=0)
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.safetensors"):
+        train_causal(root=tmp_path, only="sparse", sparse_init=tmp_path / "nowhere.safetensors")

@@ -45,11 +45,15 @@ from jaxtyping import Array, Float
 from vidax.forcing.cache import (
     KVCache,
     block_centre_positions,
+    block_lengths,
+    chunk_metadata,
+    slot_lengths,
     time_positions,
     to_blocks,
     token_positions,
 )
 from vidax.kernels.pbsa import block_means, pbsa
+from vidax.kernels.pbsa.index import iota_below
 from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
@@ -127,18 +131,19 @@ def make_rope(axes_dims: tuple[int, ...], theta: float):
 # -- dense ----------------------------------------------------------------------------------------
 
 
-def _attend_pool(q, pool_k, pool_v, valid, scale):
-    """Dense attention of q (b, l, n, k) over every valid slot of a pool; (out f32, lse).
+def _attend_pool(q, pool_k, pool_v, slot_len, scale):
+    """Dense attention of q (b, l, n, k) over the valid tokens of a pool; (out f32, lse).
 
-    Laid out as head-major batched matmuls (heads in front of tokens), which XLA:CPU runs
-    several times faster than token-major einsums. A row with no valid key gets 0 (lse -inf).
+    `slot_len` (b, n, slots) int32: valid leading tokens of each slot (0: empty). Laid out as
+    head-major batched matmuls (heads in front of tokens), which XLA:CPU runs several times
+    faster than token-major einsums. A row with no valid key gets 0 (lse -inf).
     """
     f32 = jnp.float32
     b, n, s, j, k = pool_k.shape
     qh = q.astype(f32).swapaxes(1, 2) * scale  # (b, n, l, k)
     keys = pool_k.astype(f32).reshape(b, n, s * j, k)
     logits = qh @ keys.swapaxes(-1, -2)  # (b, n, l, s * j)
-    ok = jnp.repeat(valid, j, axis=-1)[:, :, None, :]
+    ok = iota_below(j, slot_len).reshape(b, n, 1, s * j)
     p, shift, total = softmax_stats(jnp.where(ok, logits, -jnp.inf))
     o, lse = normalize(p @ pool_v.astype(f32).reshape(b, n, s * j, k), shift, total)
     return o.swapaxes(1, 2), lse  # (b, l, n, k), (b, n, l)
@@ -178,8 +183,8 @@ def dense_attention(
     if layout.memory_slots:
         # A sparse layout read densely (tests: sparse selecting every block): the memory does
         # not fill as a prefix, so every slot is read and the empty ones are masked.
-        pool_k, pool_v, valid, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
-        o, _ = _attend_pool(qr, pool_k, pool_v, valid, q.shape[-1] ** -0.5)
+        pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+        o, _ = _attend_pool(qr, pool_k, pool_v, lengths, q.shape[-1] ** -0.5)
         return o.astype(q.dtype), None
     full = c.sink_chunks + c.window_chunks
     level = jnp.clip(jnp.asarray(chunk_start) // c.chunk_frames, 0, full)
@@ -199,11 +204,14 @@ def _dense_prefix(q, k, v, cache: KVCache, chunk_start, *, slots: int, layout, r
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
     keys, values = kr.swapaxes(1, 2), v.swapaxes(1, 2)  # (b, n, l, k)
     if slots:
-        b, n, _, bs, kd = cache.k.shape
+        b, n, _, _, kd = cache.k.shape
         head = lambda x: x[:, :, :slots]
         pos = token_positions(head(cache.frame), head(cache.block), chunk_start, layout)
-        cached_k = _rotate(head(cache.k), pos, rope).reshape(b, n, slots * bs, kd)
-        cached_v = head(cache.v).reshape(b, n, slots * bs, kd)
+        # The prefix holds whole frames: a frame's tokens, its partial last block's padding cut.
+        frames, tpf = slots // layout.blocks_per_frame, layout.tokens_per_frame
+        tokens = lambda x: x.reshape(b, n, frames, -1, kd)[:, :, :, :tpf].reshape(b, n, -1, kd)
+        cached_k = tokens(_rotate(head(cache.k), pos, rope))
+        cached_v = tokens(head(cache.v))
         keys = jnp.concatenate([cached_k.astype(q.dtype), keys], axis=2)
         values = jnp.concatenate([cached_v.astype(q.dtype), values], axis=2)
     return _fused_attention(qr, keys, values)
@@ -226,31 +234,36 @@ def _fused_attention(
 
 
 def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope):
-    """Rotated pool of the cache followed by the chunk's own blocks, its validity, rotated q.
+    """Rotated pool of the cache followed by the chunk's own blocks, their lengths, rotated q.
 
     Returns:
-      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k), valid (b, n, slots + chunk_blocks)
-      and q rotated (b, l, n, k). The chunk's blocks are the last `chunk_blocks` slots.
+      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k), int32 slot lengths (b, n, slots +
+      chunk_blocks): valid leading tokens of each slot (0: empty; a frame's partial last block
+      is shorter), and q rotated (b, l, n, k). The chunk's blocks are the last `chunk_blocks`
+      slots.
     """
     angles = rope(chunk_positions(chunk_start, layout))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
     cached_k = _rotate(
         cache.k, token_positions(cache.frame, cache.block, chunk_start, layout), rope
     )
-    bs = layout.block_size
-    pool_k = jnp.concatenate([cached_k.astype(q.dtype), to_blocks(kr, bs)], axis=2)
-    pool_v = jnp.concatenate([cache.v.astype(q.dtype), to_blocks(v, bs)], axis=2)
-    own = jnp.ones((*cache.frame.shape[:2], layout.chunk_blocks), bool)
-    valid = jnp.concatenate([cache.frame >= 0, own], axis=2)
-    return pool_k, pool_v, valid, qr
+    pool_k = jnp.concatenate([cached_k.astype(q.dtype), to_blocks(kr, layout)], axis=2)
+    pool_v = jnp.concatenate([cache.v.astype(q.dtype), to_blocks(v, layout)], axis=2)
+    _, own_blocks = chunk_metadata(jnp.int32(0), layout)
+    own = jnp.broadcast_to(
+        block_lengths(own_blocks, layout), (*cache.frame.shape[:2], layout.chunk_blocks)
+    )
+    lengths = jnp.concatenate([slot_lengths(cache.frame, cache.block, layout), own], axis=2)
+    return pool_k, pool_v, lengths, qr
 
 
 # -- sparse ---------------------------------------------------------------------------------------
 
 
-def _compress(pool, valid, weight):
-    """Compressed tokens of pool blocks: mean over the block plus a learned linear correction."""
-    mean = block_means(pool, slot_len=jnp.where(valid, pool.shape[3], 0).astype(jnp.int32))
+def _compress(pool, slot_len, weight):
+    """Compressed tokens of pool blocks: mean over the block's valid tokens (`slot_len`) plus a
+    learned linear correction."""
+    mean = block_means(pool, slot_len=slot_len)
     return mean + jnp.einsum("bnsk,nkj->bnsj", mean, weight.astype(jnp.float32))
 
 
@@ -259,7 +272,7 @@ def gather_attention(
     pool_k: Float[Array, "b n slots bs k"],
     pool_v: Float[Array, "b n slots bs k"],
     idx: Array,
-    valid: Array,
+    slot_len: Array,
     tile: int,
     scale: float,
     bias: Float[Array, "b n nq m"] | None = None,
@@ -268,15 +281,15 @@ def gather_attention(
 
     The same function as `pbsa_reference` for duplicate-free lists (what `select_blocks` plus
     the chunk's own slots give): each tile of `tile` query rows attends to one softmax over its
-    listed slots, invalid slots masked. `pbsa_reference` is the spec and test oracle and lays
-    its einsums out token-major, which XLA:CPU runs about 2x slower; on accelerators the
-    `pbsa` kernel is the fast path.
+    listed slots, the tokens past each slot's length masked. `pbsa_reference` is the spec and
+    test oracle and lays its einsums out token-major, which XLA:CPU runs about 2x slower; on
+    accelerators the `pbsa` kernel is the fast path.
 
     Args:
       q: (b, l, n, k) rotated queries, l a multiple of `tile`.
       pool_k, pool_v: (b, n, slots, bs, k) the pool (cache blocks, then the chunk's).
       idx: int32 (b, n, l / tile, m) distinct slots per query tile.
-      valid: (b, n, slots) bool, slots holding tokens.
+      slot_len: int32 (b, n, slots) valid leading tokens of each slot (0: empty).
       tile: query rows per selection.
       scale: logit scale.
       bias: optional (b, n, l / tile, m) float added to the logits of every key of each listed
@@ -292,14 +305,15 @@ def gather_attention(
     take = lambda pool: jnp.take_along_axis(pool[:, :, None], idx[..., None, None], axis=3)
     keys = take(pool_k.astype(f32)).reshape(b, n, nq, m * bs, k)
     values = take(pool_v.astype(f32)).reshape(b, n, nq, m * bs, k)
-    ok = jnp.take_along_axis(
-        jnp.broadcast_to(valid[:, :, None], (b, n, nq, valid.shape[-1])), idx, 3
+    lengths = jnp.take_along_axis(
+        jnp.broadcast_to(slot_len[:, :, None], (b, n, nq, slot_len.shape[-1])), idx, 3
     )
+    ok = iota_below(bs, lengths).reshape(b, n, nq, 1, m * bs)
     qh = q.astype(f32).swapaxes(1, 2).reshape(b, n, nq, tile, k) * scale
     logits = qh @ keys.swapaxes(-1, -2)  # (b, n, nq, tile, m * bs)
     if bias is not None:
         logits = logits + jnp.repeat(bias.astype(f32), bs, axis=-1)[..., None, :]
-    logits = jnp.where(jnp.repeat(ok, bs, axis=-1)[..., None, :], logits, -jnp.inf)
+    logits = jnp.where(ok, logits, -jnp.inf)
     p, shift, total = softmax_stats(logits)
     o, _ = normalize(p @ values, shift, total)
     return o.reshape(b, n, lq, k).swapaxes(1, 2)
@@ -367,12 +381,12 @@ def sparse_attention(
     b, lq, n, kd = q.shape
     scale = kd**-0.5
     f32 = jnp.float32
-    pool_k, pool_v, valid_all, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+    pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
     slots = layout.num_slots
-    valid = valid_all[:, :, :slots]  # the cache part
+    valid = lengths[:, :, :slots] > 0  # the cache part
     # Compressed tokens of the cached blocks (rotated keys, as attention sees them).
-    k_cmp = _compress(pool_k[:, :, :slots], valid, params.compress_k[...])
-    v_cmp = _compress(pool_v[:, :, :slots], valid, params.compress_v[...])
+    k_cmp = _compress(pool_k[:, :, :slots], lengths[:, :, :slots], params.compress_k[...])
+    v_cmp = _compress(pool_v[:, :, :slots], lengths[:, :, :slots], params.compress_v[...])
 
     # Scores: mean query of each tile against the compressed keys.
     nq = layout.num_query_tiles
@@ -399,11 +413,10 @@ def sparse_attention(
             s_b = s_b - jax.lax.stop_gradient(s_b)
             bias = jnp.concatenate([s_b, jnp.zeros((*s_b.shape[:3], own.size), f32)], -1)
         o_sel = gather_attention(
-            qr, pool_k, pool_v, idx, valid_all, layout.query_tile, scale, bias=bias
+            qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale, bias=bias
         )
     else:
         cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
-        slot_len = jnp.where(valid_all, layout.block_size, 0).astype(jnp.int32)
         o_sel = pbsa(
             qr.transpose(0, 2, 1, 3),  # pbsa wants (b, n, l, k)
             pool_k,
@@ -412,7 +425,7 @@ def sparse_attention(
             cnt,
             block_q=layout.query_tile,
             scale=scale,
-            slot_len=slot_len,
+            slot_len=lengths,
             backend=c.pbsa_backend,
         )
         o_sel = o_sel.transpose(0, 2, 1, 3)
@@ -426,7 +439,9 @@ def sparse_attention(
         value_parts.append(cache.cv.astype(f32))
         ok_parts.append(cache.cframe >= 0)
     keys, values, ok = (jnp.concatenate(x, axis=2) for x in (key_parts, value_parts, ok_parts))
-    o_cmp, lse_cmp = _attend_pool(qr, keys[:, :, :, None], values[:, :, :, None], ok, scale)
+    o_cmp, lse_cmp = _attend_pool(
+        qr, keys[:, :, :, None], values[:, :, :, None], ok.astype(jnp.int32), scale
+    )
 
     # Affine combination, zero at init (module docstring): (1 - w) o_sel + w o_cmp.
     w = jnp.tanh(

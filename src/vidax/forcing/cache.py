@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from vidax.kernels.pbsa.index import iota_below
 from vidax.models.causal import CacheLayout
 
 
@@ -143,7 +144,25 @@ def block_centre_positions(
     layout: CacheLayout,
 ) -> Float[Array, "... m 3"]:
     """(t, h, w) position of the centre of each block (where its compressed token sits)."""
-    return token_positions(frame, block, chunk_start, layout).mean(axis=-2)
+    pos = token_positions(frame, block, chunk_start, layout)
+    if not layout.ragged:
+        return pos.mean(axis=-2)
+    n = block_lengths(block, layout)  # a partial block's centre is that of its tokens
+    ok = iota_below(layout.block_size, n)
+    return jnp.where(ok[..., None], pos, 0.0).sum(axis=-2) / n[..., None].astype(jnp.float32)
+
+
+def block_lengths(block: Int[Array, "..."], layout: CacheLayout) -> Int[Array, "..."]:
+    """Tokens of block `block` of a frame: `block_size`, less for a frame's partial last block."""
+    bs = layout.block_size
+    return jnp.minimum(bs, layout.tokens_per_frame - block * bs).astype(jnp.int32)
+
+
+def slot_lengths(
+    frame: Int[Array, "... m"], block: Int[Array, "... m"], layout: CacheLayout
+) -> Int[Array, "... m"]:
+    """Valid tokens of each slot: its block's tokens, 0 for an empty slot (`frame` -1)."""
+    return jnp.where(frame >= 0, block_lengths(block, layout), 0).astype(jnp.int32)
 
 
 # -- writes ---------------------------------------------------------------------------------------
@@ -170,10 +189,15 @@ def chunk_metadata(
     return chunk * f + i // per, i % per
 
 
-def to_blocks(x: Float[Array, "b l n k"], block_size: int) -> Float[Array, "b n m bs k"]:
-    """Token-major keys/values of a chunk as pool blocks."""
+def to_blocks(x: Float[Array, "b l n k"], layout: CacheLayout) -> Float[Array, "b n m bs k"]:
+    """Token-major keys/values of whole frames as pool blocks, `blocks_per_frame` per frame (a
+    frame's partial last block padded with zeros)."""
     b, length, n, k = x.shape
-    return x.reshape(b, length // block_size, block_size, n, k).transpose(0, 3, 1, 2, 4)
+    tpf, bs, per = layout.tokens_per_frame, layout.block_size, layout.blocks_per_frame
+    x = x.reshape(b, length // tpf, tpf, n, k)
+    if layout.ragged:
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, per * bs - tpf), (0, 0), (0, 0)))
+    return x.reshape(b, (length // tpf) * per, bs, n, k).transpose(0, 3, 1, 2, 4)
 
 
 def write_chunk(
@@ -202,13 +226,12 @@ def write_chunk(
       mass: (b, n, slots) attention mass the chunk's queries put on each cache slot (sparse).
     """
     c = layout.config
-    bs = layout.block_size
     if k.shape != v.shape or k.ndim != 4 or k.shape[1] != layout.chunk_tokens:
         raise ValueError(
             f"a chunk has {layout.chunk_tokens} tokens: expected keys/values (b, "
             f"{layout.chunk_tokens}, n, k), got {k.shape} and {v.shape}"
         )
-    new_k, new_v = to_blocks(k, bs), to_blocks(v, bs)
+    new_k, new_v = to_blocks(k, layout), to_blocks(v, layout)
     b, n = new_k.shape[:2]
     frames, blocks = chunk_metadata(chunk, layout)
     start = chunk_slot(chunk, layout)
@@ -289,7 +312,9 @@ def _update_memory(cache: KVCache, start, chunk, layout: CacheLayout) -> KVCache
         return cache
     # The losers (exactly one chunk's worth of candidates) become compressed tokens.
     lost_frame = gather(cand["frame"], drop)
-    mean = lambda x: gather(x, drop).astype(jnp.float32).mean(axis=-2).astype(x.dtype)
+    # Mean over a block's tokens (a partial block's padding is zeros: sum / its length).
+    lost_len = block_lengths(gather(cand["block"], drop), layout).astype(jnp.float32)[..., None]
+    mean = lambda x: (gather(x, drop).astype(jnp.float32).sum(axis=-2) / lost_len).astype(x.dtype)
     evictions = jnp.maximum(chunk - c.sink_chunks - c.window_chunks, 0)
     slots = (evictions * m + jnp.arange(m)) % r
     valid = lost_frame >= 0

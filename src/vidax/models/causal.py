@@ -46,7 +46,9 @@ class ForcingConfig:
       window_frames: frames before the current chunk attended in full (a multiple of
         `chunk_frames`).
       attention: "dense" (Self-Forcing: all cached tokens) or "sparse" (Sparse Forcing).
-      block_size: tokens per KV block (must divide the tokens of a latent frame).
+      block_size: tokens per KV block. Any size: a frame whose tokens it does not divide ends
+        in a partial block (padded, its missing tokens masked), e.g. Wan 480p's 1560 tokens in
+        blocks of 64 = 24 full blocks and one of 24 tokens.
       memory_blocks: persistent-memory budget in blocks (sparse).
       local_topk: window blocks each query tile selects (sparse; at most the window's blocks).
       memory_topk: memory blocks each query tile selects (sparse; at most `memory_blocks`).
@@ -238,11 +240,6 @@ class CacheLayout:
         c = self.config
         if len(self.grid_hw) != 2 or min(self.grid_hw) < 1:
             raise ValueError(f"grid_hw must be two positive ints, got {self.grid_hw}")
-        if self.tokens_per_frame % c.block_size:
-            raise ValueError(
-                f"block_size={c.block_size} does not divide the {self.tokens_per_frame} tokens "
-                f"of a latent frame (grid {self.grid_hw})"
-            )
         if c.query_tile is not None and self.chunk_tokens % c.query_tile:
             raise ValueError(
                 f"query_tile={c.query_tile} does not divide the {self.chunk_tokens} tokens of "
@@ -276,7 +273,18 @@ class CacheLayout:
 
     @property
     def blocks_per_frame(self) -> int:
-        return self.tokens_per_frame // self.config.block_size
+        """Blocks of one frame, the last one partial when `block_size` does not divide it."""
+        return -(-self.tokens_per_frame // self.config.block_size)
+
+    @property
+    def last_block_tokens(self) -> int:
+        """Tokens of a frame's last block (`block_size` unless the frame ends a partial block)."""
+        return self.tokens_per_frame - (self.blocks_per_frame - 1) * self.config.block_size
+
+    @property
+    def ragged(self) -> bool:
+        """Whether a frame ends in a partial block (padded in the cache, masked when read)."""
+        return self.last_block_tokens != self.config.block_size
 
     @property
     def chunk_blocks(self) -> int:
@@ -325,7 +333,8 @@ class CacheLayout:
         return self.sink_slots + c.local_topk + c.memory_topk
 
     def cache_tokens(self) -> int:
-        """Key/value tokens stored per layer and head (cache + compressed ring)."""
+        """Key/value tokens stored per layer and head (cache + compressed ring; with partial
+        blocks, their padding included)."""
         return self.num_slots * self.block_size + self.config.compressed_tokens
 
     def peak_tokens(self) -> int:
