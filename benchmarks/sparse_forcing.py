@@ -18,9 +18,9 @@ prints:
   still growing) and the median at steady state (every cache full, memory and rings cycling),
   at the trained size and at a larger latent (`--speed-latent`, blocks scaled to keep their
   number per frame), where attention is a larger share of a step as at real video sizes. The
-  sparse selected branch runs through `pbsa_backend="auto"` (the PBSA reference on a CPU, the
-  Triton/Mosaic kernel on a GPU/TPU) and through the XLA gather path (`"gather"`, the CPU fast
-  path);
+  sparse selected branch runs through `pbsa_backend="auto"` (the Triton/Mosaic kernel on a
+  GPU/TPU, the XLA gather path on a CPU), through PBSA's reference (`"reference"`) and on an
+  accelerator also through the gather path;
 - the metric suite on VAE-decoded videos of a short rollout and rollouts 4x and 12x as long
   (subject consistency, temporal flicker, motion fidelity; `vidax.metrics`), over the whole
   rollout and its last quarter, mean over prompts.
@@ -226,9 +226,9 @@ def main() -> None:
             sizes.append(("trained", (h, w)))
         if args.speed_latent and "large" in args.sizes.split(","):
             sizes.append((f"latent {args.speed_latent}", (args.speed_latent, args.speed_latent)))
-    # "auto" is the PBSA reference path on a CPU and the kernel on an accelerator; "gather" is
-    # the XLA gather + batched-matmul path (vidax.forcing.attention.gather_attention).
-    backends = ["auto", "gather"] + (["reference"] if device.platform != "cpu" else [])
+    # "auto" is the PBSA kernel on an accelerator and the XLA gather + batched-matmul path
+    # (vidax.forcing.attention.gather_attention) on a CPU; "reference" is PBSA's reference.
+    backends = ["auto", "reference"] + (["gather"] if device.platform != "cpu" else [])
     timing_rows = []
     for size_name, hw in sizes:
         _, ph, pw = spec.config.patch_size

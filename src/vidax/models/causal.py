@@ -61,7 +61,8 @@ class ForcingConfig:
       query_tile: query rows sharing one selection; None = one latent frame.
       pbsa_backend: backend of the selected branch: one of `vidax.kernels.pbsa.pbsa`'s
         ("auto", "reference", "tpu", "triton"), or "gather" (gather + batched matmuls in XLA,
-        `vidax.forcing.attention.gather_attention`: the fast path on a CPU).
+        `vidax.forcing.attention.gather_attention`: the fast path on a CPU). "auto" is the
+        kernel on a GPU/TPU and "gather" on a CPU.
     """
 
     chunk_frames: int = 3
