@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax.numpy as jnp
 from flax import nnx
@@ -49,6 +49,24 @@ class ConfigDtypes:
     @property
     def storage_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.param_dtype)
+
+
+class CausalFrames:
+    """Frame counts of a causal video VAE config with a `temporal_factor`: frame 0 is encoded
+    alone, then every `temporal_factor` frames make one latent frame."""
+
+    if TYPE_CHECKING:  # the config defines it, as a field or a property
+
+        @property
+        def temporal_factor(self) -> int: ...
+
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames t for a video of `frames` = 1 + 4k pixel frames."""
+        return 1 + (frames - 1) // self.temporal_factor
+
+    def video_frames(self, latent_frames: int) -> int:
+        """Pixel frames decoded from `latent_frames` latent frames."""
+        return 1 + (latent_frames - 1) * self.temporal_factor
 
 
 class PatchedVideoDiT(ConfigDtypes):

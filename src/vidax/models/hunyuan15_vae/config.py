@@ -6,7 +6,12 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from vidax.models.dit_config import check_dtypes, diffusers_arguments, diffusers_fields
+from vidax.models.dit_config import (
+    CausalFrames,
+    check_dtypes,
+    diffusers_arguments,
+    diffusers_fields,
+)
 from vidax.models.hunyuan_vae.config import Tiling
 
 # The encoder runs frame 0 alone, then chunks of this many frames (one latent frame each).
@@ -21,7 +26,7 @@ Stage = tuple[int, int, tuple[int, bool] | None]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class HunyuanVideo15VAEConfig:
+class HunyuanVideo15VAEConfig(CausalFrames):
     """Architecture and numerics of the HunyuanVideo-1.5 VAE (`AutoencoderKLHunyuanVideo15`).
 
     Every layer is causal in time (causal convs, per-position RMS norms, frame-causal
@@ -134,14 +139,6 @@ class HunyuanVideo15VAEConfig:
                 stages.append((width, out, None))
                 width = out
         return tuple(stages)
-
-    def latent_frames(self, frames: int) -> int:
-        """Latent frames t for a video of `frames` = 1 + 4k pixel frames."""
-        return 1 + (frames - 1) // self.temporal_factor
-
-    def video_frames(self, latent_frames: int) -> int:
-        """Pixel frames decoded from `latent_frames` latent frames."""
-        return 1 + (latent_frames - 1) * self.temporal_factor
 
 
 def _check_resampler(what: str, stage: int, in_dim: int, out_dim: int, temporal: bool) -> None:

@@ -6,7 +6,12 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from vidax.models.dit_config import check_dtypes, diffusers_arguments, diffusers_fields
+from vidax.models.dit_config import (
+    CausalFrames,
+    check_dtypes,
+    diffusers_arguments,
+    diffusers_fields,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,7 +71,7 @@ NO_TILING = Tiling(size=None, frames=None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class HunyuanVideoVAEConfig:
+class HunyuanVideoVAEConfig(CausalFrames):
     """Architecture and numerics of the HunyuanVideo VAE (diffusers `AutoencoderKLHunyuanVideo`).
 
     Attributes:
@@ -155,14 +160,6 @@ class HunyuanVideoVAEConfig:
         """Per up stage: (in channels, out channels, (temporal, spatial) upsampling)."""
         c = self.block_out_channels[::-1]
         return tuple((c[max(i - 1, 0)], c[i], self._stage_factors(i)) for i in range(len(c)))
-
-    def latent_frames(self, frames: int) -> int:
-        """Latent frames t for a video of `frames` = 1 + 4k pixel frames."""
-        return 1 + (frames - 1) // self.temporal_factor
-
-    def video_frames(self, latent_frames: int) -> int:
-        """Pixel frames decoded from `latent_frames` latent frames."""
-        return 1 + (latent_frames - 1) * self.temporal_factor
 
 
 _DIFFUSERS_KEYS = {

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 
-from vidax.models.dit_config import check_dtypes
+from vidax.models.dit_config import CausalFrames, check_dtypes
 
 # How `CausalConv3d` computes a 3D convolution: "native", one 3D convolution; "2d-sum", the sum
 # of kt 2D convolutions over shifted frames. XLA:CPU has no fast path for 3D convolutions: there
@@ -20,7 +20,7 @@ ENCODE_CHUNK = 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WanVAEConfig:
+class WanVAEConfig(CausalFrames):
     """Architecture and numerics of the Wan causal 3D VAE (diffusers `AutoencoderKLWan`).
 
     Wan 2.1's VAE is the default; Wan 2.2's (TI2V-5B) sets `is_residual` and `patch_size`.
@@ -211,14 +211,6 @@ class WanVAEConfig:
     def encoder_scales(self) -> tuple[float, ...]:
         """Spatial scale (1, 0.5, ...) of each encoder stage, matched against attn_scales."""
         return tuple(0.5**i for i in range(len(self.dim_mult)))
-
-    def latent_frames(self, frames: int) -> int:
-        """Latent frames t for a video of `frames` = 1 + 4k pixel frames."""
-        return 1 + (frames - 1) // self.temporal_factor
-
-    def video_frames(self, latent_frames: int) -> int:
-        """Pixel frames decoded from `latent_frames` latent frames."""
-        return 1 + (latent_frames - 1) * self.temporal_factor
 
 
 def _mode(direction: str, temporal: bool) -> str:
