@@ -29,8 +29,8 @@ tile) is added to the logits of every key of each selected block. The forward is
 term is exactly 0); the backward hands the scorer the gradient of a soft selection, so the
 salience that decides which blocks the persistent memory keeps (the score probability mass,
 `write_chunk`) is learned from what the selected attention needs. The PBSA kernels take no
-logit bias: the surrogate lives on the `gather` path (what training runs); on the kernel
-backends the selected branch is forward-identical and passes the scorer no gradient.
+logit bias: the surrogate lives on the `gather` path (what training runs, and "auto" on a CPU);
+on the PBSA backends the selected branch is forward-identical and passes the scorer no gradient.
 """
 
 from __future__ import annotations
