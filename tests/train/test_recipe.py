@@ -7,6 +7,7 @@ import math
 import time
 from collections import Counter
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -196,3 +197,56 @@ def test_vae_from_skips_the_vae_stage_and_copies_it(tmp_path, monkeypatch):
     assert summary["vae"] == {"from": str(folder)}
     for name in ("vae.safetensors", "latent_stats.json"):
         assert (tmp_path / name).read_bytes() == (folder / name).read_bytes()
+
+
+def test_dit_init_continues_an_earlier_runs_weights(tmp_path, monkeypatch):
+    import dataclasses
+    from pathlib import Path
+
+    from flax import nnx
+
+    from vidax.checkpoint import save_model
+    from vidax.models import word_encoder
+    from vidax.models.registry import get
+    from vidax.models.wan import WanTransformer, key_map
+    from vidax.models.word_encoder import WordEncoder
+    from vidax.train import recipe
+
+    spec = get("tiny-v2")
+    f32 = dict(dtype="float32", param_dtype="float32")
+    dit_config = dataclasses.replace(spec.config, **f32)
+    text_config = dataclasses.replace(spec.text_config, **f32)
+    dit = WanTransformer(dit_config, rngs=nnx.Rngs(3))
+    text = WordEncoder(text_config, rngs=nnx.Rngs(4))
+    save_model(dit, tmp_path / recipe.TRANSFORMER_FILE, key_map(dit_config), dtype=jnp.bfloat16)
+    word_encoder.save(text, tmp_path / recipe.TEXT_ENCODER_FILE, dtype=jnp.bfloat16)
+
+    # The bf16 files come back as float32 master weights equal to the rounded originals.
+    loaded_dit, loaded_text = recipe.load_recipe_dit(tmp_path, dit_config, text_config)
+    for original, loaded in ((dit, loaded_dit), (text, loaded_text)):
+        pairs = zip(
+            jax.tree.leaves(nnx.state(original, nnx.Param)),
+            jax.tree.leaves(nnx.state(loaded, nnx.Param)),
+            strict=True,
+        )
+        for a, b in pairs:
+            assert b.dtype == jnp.float32
+            np.testing.assert_array_equal(b, a.astype(jnp.bfloat16).astype(jnp.float32))
+    with pytest.raises(FileNotFoundError, match="not a recipe run's DiT stage"):
+        recipe.load_recipe_dit(tmp_path / "missing", dit_config, text_config)
+
+    # train_all hands the folder to the DiT stage, and only with the VAE it was trained on.
+    seen = []
+    monkeypatch.setattr(
+        recipe,
+        "train_dit_stage",
+        lambda *a, **kwargs: seen.append(kwargs["dit_init"]) or (None, None, {"steps": 0}),
+    )
+    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    out = tmp_path / "out"
+    summary = train_all(
+        out, PROFILES["smoke"], vae_from=folder, dit_init=tmp_path, log=lambda line: None
+    )
+    assert seen == [tmp_path] and summary["dit_init"] == str(tmp_path)
+    with pytest.raises(ValueError, match="dit_init needs vae_from"):
+        train_all(out, PROFILES["smoke"], dit_init=tmp_path, log=lambda line: None)

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
+
+# orbax (and tensorstore, ~70 MB installed) load on a Checkpointer's first use, not at import:
+# `vidax train all`, `vidax generate` and `vidax eval` import this module but never save here,
+# and a bare accelerator machine then needs neither package.
 
 
 class Checkpointer:
@@ -30,6 +33,8 @@ class Checkpointer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory).absolute()
+        import orbax.checkpoint as ocp
+
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=asynchronous
         )
@@ -44,6 +49,8 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Writes `state` (a pytree of arrays) and `meta` (JSON-serialisable) at `step`."""
+        import orbax.checkpoint as ocp
+
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -69,6 +76,8 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        import orbax.checkpoint as ocp
+
         abstract = jax.tree.map(_abstract, target)
         out = self._manager.restore(
             step,

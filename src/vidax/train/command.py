@@ -201,6 +201,12 @@ def train_all(
         Path | None,
         typer.Option(help="VAE weights the VAE stage fine-tunes (default: the shipped tiny VAE)."),
     ] = None,
+    dit_init: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue the DiT and text encoder an earlier run wrote there (needs --vae-from)."
+        ),
+    ] = None,
 ) -> None:
     """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
     from vidax.train.recipe import fast_gpu_compiles, get_profile
@@ -220,6 +226,7 @@ def train_all(
             vae_init=None if vae_init is None else str(vae_init),
         ),
         vae_from=vae_from,
+        dit_init=dit_init,
     )
 
 

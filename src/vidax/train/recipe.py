@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from vidax.checkpoint import save_model, write_atomic
+from vidax.checkpoint import load_model, save_model, write_atomic
 from vidax.data import scene_render
 from vidax.models import wan_vae, word_encoder
 from vidax.models.registry import ASSETS, ModelSpec, get
@@ -536,8 +536,12 @@ def train_dit_stage(
     *,
     deadline: float | None = None,
     check_only: bool = False,
+    dit_init: str | os.PathLike | None = None,
 ) -> tuple[nnx.Module, nnx.Module, dict] | None:
     """Stage 2: the DiT and the text encoder on latents of the (frozen) VAE.
+
+    `dit_init`: start from the (EMA, bf16) DiT and text encoder an earlier run wrote to that
+    folder instead of a fresh initialisation; the optimiser state and schedule start afresh.
 
     `check_only` traces every bucket's step abstractly (`jax.eval_shape`) and returns None:
     a preflight that finds this stage's errors in seconds, before the VAE stage runs.
@@ -548,8 +552,12 @@ def train_dit_stage(
     dit_config = dataclasses.replace(spec.config, **dtype)
     text_config = dataclasses.replace(spec.text_config, **dtype)
     rngs = nnx.Rngs(profile.seed)
-    dit = adaln_zero(WanTransformer(dit_config, rngs=rngs))
-    text = WordEncoder(text_config, rngs=rngs)
+    if dit_init is None:
+        dit = adaln_zero(WanTransformer(dit_config, rngs=rngs))
+        text = WordEncoder(text_config, rngs=rngs)
+    else:
+        dit, text = load_recipe_dit(dit_init, dit_config, text_config)
+        log(f"dit: continuing from {dit_init}")
     dit_graph, dit_params, dit_rest = nnx.split(dit, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     text_graph, text_params, text_rest = nnx.split(text, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     # Encode in the compute dtype (bf16 convolutions run on the tensor cores; the latents'
@@ -667,11 +675,31 @@ def load_recipe_vae(folder: str | os.PathLike, preset: str) -> wan_vae.WanVAE:
     return wan_vae.load(folder / VAE_FILE, config)
 
 
+def load_recipe_dit(
+    folder: str | os.PathLike,
+    dit_config: Any,
+    text_config: Any,
+) -> tuple[WanTransformer, WordEncoder]:
+    """The DiT and text encoder a recipe run wrote to `folder`, as `dit_config`/`text_config`
+    (parameters in their `param_dtype`: bf16 files come back as float32 master weights)."""
+    folder = Path(folder)
+    for name in (TRANSFORMER_FILE, TEXT_ENCODER_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: not a recipe run's DiT stage")
+    dit = load_model(
+        lambda: WanTransformer(dit_config, rngs=nnx.Rngs(0)),
+        folder / TRANSFORMER_FILE,
+        key_map(dit_config),
+    )
+    return dit, word_encoder.load(folder / TEXT_ENCODER_FILE, text_config)
+
+
 def train_all(
     out: str | os.PathLike,
     profile: Profile,
     *,
     vae_from: str | os.PathLike | None = None,
+    dit_init: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Runs both stages into `out`; returns (and writes to `recipe.json`) the run's summary.
@@ -680,7 +708,11 @@ def train_all(
     and `text_encoder.safetensors` (bf16 EMA weights) at least every `checkpoint_seconds`
     during stage 2, `log.jsonl` throughout. `vae_from`: skip stage 1 and use the VAE (and its
     latent statistics) that an earlier run wrote to that folder (both are copied to `out`).
+    `dit_init`: continue training the DiT and text encoder an earlier run wrote there
+    (`train_dit_stage`); it needs `vae_from`, since its latents are that VAE's.
     """
+    if dit_init is not None and vae_from is None:
+        raise ValueError("dit_init needs vae_from: the DiT was trained on that VAE's latents")
     fast_gpu_compiles()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -712,7 +744,11 @@ def train_all(
         stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae_preset()], rngs=nnx.Rngs(0))
         train_dit_stage(profile, stand_in, out, log, write_log, check_only=True)
         vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
-    trained = train_dit_stage(profile, vae, out, log, write_log, deadline=deadline)
+    if dit_init is not None:
+        summary["dit_init"] = str(dit_init)
+    trained = train_dit_stage(
+        profile, vae, out, log, write_log, deadline=deadline, dit_init=dit_init
+    )
     assert trained is not None  # None only for check_only
     summary["dit"] = trained[2]
     summary["seconds"] = round(time.perf_counter() - started, 1)
