@@ -87,7 +87,7 @@ def test_models_lists_causal_presets_and_weights_status_uncut_at_80_columns():
     status = {line.split()[0]: line.split("  ")[-1].strip() for line in rows}
     assert "hunyuanvideo1.5-i2v" in status and "siglip-so400m-patch14-384" in result.output
     assert status["tiny"] == status["tiny-causal"] == "shipped"
-    for name in ("tiny-v2", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny", "wan2.1-1.3b"):
+    for name in ("tiny-v1", "hunyuanvideo-tiny", "hunyuanvideo1.5-tiny", "wan2.1-1.3b"):
         assert status[name] == "needs --checkpoint"
 
 
@@ -186,7 +186,7 @@ def test_flags_a_causal_model_ignores_are_errors(args, flags, tmp_path):
     "model, parts",
     [
         ("hunyuanvideo-tiny", "transformer and VAE (hunyuanvideo-tiny)"),
-        ("tiny-v2", "transformer, VAE (shapes) and text encoder (WordEncoder)"),
+        ("tiny-v1", "transformer and VAE (shapes-v1.5)"),
         ("wan2.1-1.3b", "transformer, VAE (wan2.1) and text encoder (umt5-xxl)"),
     ],
 )
@@ -200,13 +200,13 @@ def test_missing_weights_are_an_error_naming_the_parts(model, parts, tmp_path):
 
 def test_random_weights_run_with_one_loud_line(tmp_path):
     out = tmp_path / "o.mp4"
-    args = ["generate", "--model", "tiny-v2", "--prompt", "x", "--out", str(out), "--steps", "1"]
+    args = ["generate", "--model", "tiny-v1", "--prompt", "x", "--out", str(out), "--steps", "1"]
     result = runner.invoke(app, [*args, *SMALL, "--set", "num_layers=1", "--random-weights"])
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert warnings == [
-        "warning: RANDOM WEIGHTS (--random-weights): 'tiny-v2' runs its transformer, VAE, "
-        "text encoder on random initialisation; the output is noise"
+        "warning: RANDOM WEIGHTS (--random-weights): 'tiny-v1' runs its transformer, VAE on "
+        "random initialisation; the output is noise"
     ]
     assert read_video(out).shape == (5, 32, 32, 3)
 
@@ -245,10 +245,9 @@ def test_non_finite_latents_stop_with_the_step(tmp_path):
         (["train", "vae", "--steps", "0"], "steps must be >= 1"),
         (["train", "dit", "--vae-run", "/nonexistent"], "VAE run not found"),
         (["eval", "--steps", "0"], "--steps must be >= 1, got 0"),
-        (["eval", "--model", "tiny-v2"], "ships no weights for its transformer"),
+        (["eval", "--model", "tiny-v1"], "ships no weights for its transformer"),
         (["plan", "--topology", "v5e:2x4", "--size", "480"], "--size must be HEIGHTxWIDTH"),
         (["train", "export", "--vae-run", "/nonexistent"], "not found: train both stages"),
-        (["train", "export", "--into-package", "--out", "x"], "--out or --into-package"),
     ],
 )
 def test_every_subcommand_reports_user_errors_in_one_line(args, message, tmp_path):

@@ -154,7 +154,8 @@ def test_sharded_generation_equals_single_device(tiny):
     )
     want = pipeline.generate("tiny", **kw).latents
     got = pipeline.generate("tiny", mesh=mesh, strategy="fsdp_sp", **kw).latents
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Sharded sums add in another order: ~1e-5 apart after 8 layers of width 256 (f32).
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +165,7 @@ def test_sharded_generation_equals_single_device(tiny):
         (dict(height=30), "height and width must be positive multiples of"),
         (dict(steps=0), "steps must be"),
         (dict(prompt=None), "exactly one of prompt"),
-        (dict(prompt=None, prompt_embeds=np.zeros((1, 4, 7))), "must be \\(b, s, 64\\)"),
+        (dict(prompt=None, prompt_embeds=np.zeros((1, 4, 7))), "must be \\(b, s, 256\\)"),
         (dict(sampler="ddim"), "unknown"),
     ],
 )
@@ -188,7 +189,8 @@ def test_unknown_model_and_missing_checkpoint(tmp_path):
 
 
 def test_missing_weights_are_an_error_unless_random_weights_are_asked_for():
-    spec = get("tiny-v2").with_config(num_layers=1)  # no shipped transformer, VAE, text encoder
+    # `tiny` without its shipped weights: no transformer, VAE or text encoder.
+    spec = dataclasses.replace(get("tiny"), weights=None).with_config(num_layers=1)
     with pytest.raises(CheckpointError, match="transformer, VAE \\(shapes\\) and text encoder"):
         pipeline.generate(spec, prompt="x", **SMALL)
     loaders = {
@@ -197,7 +199,7 @@ def test_missing_weights_are_an_error_unless_random_weights_are_asked_for():
         "text encoder": lambda **kw: load_text_encoder(spec, **kw),
     }
     for part, load in loaders.items():
-        with pytest.raises(CheckpointError, match=f"'tiny-v2' has no weights for its {part}"):
+        with pytest.raises(CheckpointError, match=f"'tiny' has no weights for its {part}"):
             load()
         with pytest.warns(RandomWeightsWarning, match=f"runs its {part} on random"):
             assert load(random_weights=True) is not None

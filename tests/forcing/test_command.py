@@ -24,7 +24,7 @@ DENSE = ForcingConfig(
 )  # fmt: skip
 PRESET = CausalPreset(
     name="test-causal",
-    base="tiny",
+    base="tiny-v1",
     dense=DENSE,
     sparse=dataclasses.replace(
         DENSE, attention="sparse", local_topk=1, memory_blocks=1, memory_topk=1
@@ -114,7 +114,7 @@ def test_tiny_causal_decodes_with_the_vae_it_was_trained_on():
 
     preset = get("tiny-causal")
     assert preset.spec.vae == "shapes-v1" and preset.spec.weights == "tiny-causal"
-    assert preset.spec.config == get_model("tiny").config  # the base transformer
+    assert preset.spec.config == get_model("tiny-v1").config  # the base transformer
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback to random weights
         vae = load_vae(preset.spec, None)

@@ -136,7 +136,7 @@ def _cli_error(args: list[str], tmp_path) -> str:
         ({"frames": 10}, ["--frames", "10"]),
         ({"height": 30, "width": 32}, ["--height", "30", "--width", "32"]),
         ({"model": "nope"}, ["--model", "nope"]),
-        ({"model": "tiny-v2"}, ["--model", "tiny-v2"]),
+        ({"model": "tiny-v1"}, ["--model", "tiny-v1"]),
         ({"steps": 0}, ["--steps", "0"]),
         ({"accel": "dvg", "budget": 2}, ["--accel", "dvg", "--budget", "2"]),
         ({"budget": 0.5}, ["--budget", "0.5"]),

@@ -70,9 +70,9 @@ def test_bad_inputs_and_configs_are_one_line_errors(encoder):
 
 def test_pipeline_runs_the_encoder_of_a_preset_with_text_config(encoder):
     spec = dataclasses.replace(
-        get("tiny-v2"),
+        get("tiny"),
         text_config=CONFIG,
-        config=dataclasses.replace(get("tiny-v2").config, text_dim=32, text_len=8),
+        config=dataclasses.replace(get("tiny").config, text_dim=32, text_len=8),
     )
     embeds = embed_prompts(spec, ["a red circle", ""], text_encoder=encoder)
     words, mask = _words(["a red circle", ""])

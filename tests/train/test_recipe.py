@@ -57,6 +57,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
         (dict(frames=1, height=20, width=16, batch=1), "multiple of 8"),
         (dict(frames=1, height=8, width=16, batch=1), "multiple of 8"),
         (dict(frames=1, height=16, width=16, batch=0), "batch"),
+        (dict(frames=1, height=16, width=16, batch=1, reduce=(3, 1)), "reduce must be"),
     ],
 )
 def test_bad_buckets_are_one_line_errors(kwargs, match):
@@ -86,6 +87,55 @@ def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
     assert {f for f, _, _ in shapes} == {1, 9, 17, 33}
     assert {h for _, h, _ in shapes} >= {32, 48, 64}
     assert any(h != w for _, h, w in shapes)
+    # ... and DVG's own space /2 grid at the default size.
+    reduced = [b for b in PROFILES["h200"].dit.buckets if b.reduce != (1, 1)]
+    assert [(b.name, b.reduce) for b in reduced] == [("33x64x64/1x2", (1, 2))]
+
+
+def test_dvg_buckets_train_on_dvgs_reduced_grid():
+    from vidax.dvg.transition import positions as dvg_positions
+    from vidax.models.registry import get
+    from vidax.nn import video_positions
+    from vidax.train.dit import DiTStageConfig, dit_loss
+    from vidax.train.recipe import reduced_token_grid
+
+    # 33x64x64 clips -> latent 9x16x16 -> space /2: 9x8x8 -> tokens 9x4x4 (patch 1x2x2).
+    bucket = Bucket(frames=33, height=64, width=64, batch=1, reduce=(1, 2))
+    assert reduced_token_grid(bucket, (4, 4), (1, 2, 2)) == (9, 4, 4)
+    assert reduced_token_grid(dataclasses.replace(bucket, reduce=(2, 4)), (4, 4), (1, 2, 2)) == (
+        5,
+        2,
+        2,
+    )
+    odd = Bucket(frames=9, height=16, width=24, batch=1, reduce=(1, 2))  # 3x4x6 -> 3x2x3
+    assert reduced_token_grid(odd, (4, 4), (1, 2, 2)) is None
+    with pytest.raises(ValueError, match="bucket 9x16x24/1x2: its latent grid reduced by"):
+        dataclasses.replace(
+            PROFILES["smoke"], dit=dataclasses.replace(PROFILES["smoke"].dit, buckets=(odd,))
+        )
+    with pytest.raises(ValueError, match="VAE buckets train on whole frames"):
+        dataclasses.replace(
+            PROFILES["smoke"], vae=dataclasses.replace(PROFILES["smoke"].vae, buckets=(bucket,))
+        )
+
+    # The loss reads the batch's RoPE positions: integer ones are the default grid's, DVG's
+    # full-resolution coordinates are another input.
+    spec = get("tiny")
+    model = spec.build(seed=0)
+    key = jax.random.key(0)
+    latents = jax.random.normal(key, (1, 3, 8, 8, 8))
+    batch = {
+        "latents": latents,
+        "objects": jnp.zeros((*latents.shape[:-1], 1)),
+        "context": jax.random.normal(key, (1, 32, spec.config.text_dim)),
+    }
+    config = DiTStageConfig(model="tiny")
+    plain = dit_loss(model, batch, key, config)[0]
+    integer = dit_loss(model, {**batch, "positions": video_positions(3, 4, 4)}, key, config)[0]
+    scaled = jnp.asarray(dvg_positions((3, 4, 4), (1, 2), (1, 2, 2)))
+    dvg = dit_loss(model, {**batch, "positions": scaled}, key, config)[0]
+    assert float(integer) == pytest.approx(float(plain), rel=1e-6)
+    assert abs(float(dvg) - float(plain)) > 1e-4
 
 
 def test_smoke_run_writes_a_usable_model(tmp_path):
@@ -105,10 +155,10 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
     assert len(stats["mean"]) == 8 and min(stats["std"]) > 0
 
     # The folder loads as a model (its latent statistics replace the preset's) and samples.
-    transformer, vae, text = load_folder(get("tiny-v2"), tmp_path)
+    transformer, vae, text = load_folder(get("tiny"), tmp_path)
     assert vae.config.latents_mean == tuple(stats["mean"])
     video = pipeline.generate(
-        get("tiny-v2"),
+        get("tiny"),
         "a red circle standing still",
         num_frames=5,
         height=32,
@@ -120,7 +170,7 @@ def test_smoke_run_writes_a_usable_model(tmp_path):
     )
     assert video.frames.shape == (5, 32, 32, 3) and np.isfinite(video.frames).all()
     # ... and `vidax eval --weights` scores it.
-    args = ["eval", "--model", "tiny-v2", "--weights", str(tmp_path), "--limit", "1"]
+    args = ["eval", "--model", "tiny", "--weights", str(tmp_path), "--limit", "1"]
     args += ["--seeds", "1", "--frames", "5", "--steps", "2", "--height", "32", "--width", "32"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "eval")])
     assert result.exit_code == 0, result.output
@@ -212,7 +262,7 @@ def test_dit_init_continues_an_earlier_runs_weights(tmp_path, monkeypatch):
     from vidax.models.word_encoder import WordEncoder
     from vidax.train import recipe
 
-    spec = get("tiny-v2")
+    spec = get("tiny")
     f32 = dict(dtype="float32", param_dtype="float32")
     dit_config = dataclasses.replace(spec.config, **f32)
     text_config = dataclasses.replace(spec.text_config, **f32)

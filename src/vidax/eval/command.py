@@ -1,7 +1,7 @@
 """CLI: `vidax eval`, scoring a model on the shapes prompts (`vidax.eval.harness`).
 
 vidax eval --model tiny --seeds 2 --out runs/eval
-vidax eval --model tiny-v2 --weights runs/tiny-v2 --random 48 --seed 7
+vidax eval --model tiny --weights runs/tiny-v2 --random 48 --seed 7
 """
 
 from __future__ import annotations

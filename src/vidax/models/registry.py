@@ -271,30 +271,37 @@ class ModelSpec:
 def _specs() -> dict[str, ModelSpec]:
     WAN = wan.PRESETS
     specs = [
+        # The embedded default (issue 16's v2): a Wan DiT (dim 256, 8 layers, 8.0 M parameters)
+        # conditioned by a trained WordEncoder over the hashed word vectors, on the `shapes`
+        # VAE; trained on one TPU v5e chip at 32-64 px and 1-33 frames by `vidax train all`
+        # (vidax/assets/tiny/TRAINING.md).
         ModelSpec(
             name="tiny",
-            family="wan",
-            config=WAN["tiny"],
-            vae="shapes",
-            text_encoder="hashed",
-            weights="tiny",
-            # Trained on 33-frame clips (9x16x16 latents); see vidax/assets/tiny/TRAINING.md.
-            defaults=SamplingDefaults(
-                num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
-            ),
-            # Its spatial DVG stages drop caption adherence 0.72 -> 0.01 (docs/dvg.md §6.1).
-            dvg_spatial=False,
-        ),
-        ModelSpec(
-            name="tiny-v2",
             family="wan",
             config=WAN["tiny-v2"],
             vae="shapes",
             text_encoder="hashed",
             text_config=WordEncoderConfig(in_dim=128, dim=256, num_layers=3, text_len=32),
+            weights="tiny",
             defaults=SamplingDefaults(
                 num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
             ),
+            # Until benchmarks/dvg_consistency.py says space /2 keeps it (docs/dvg.md §6.4).
+            dvg_spatial=False,
+        ),
+        # The first tiny DiT (1.1 M parameters, hashed text, CPU-trained at 64x64; shipped until
+        # 2026-12-06, its weights are in git: `git show 1dc64c8:src/vidax/assets/tiny`). It
+        # ships no weights now: it is the base `tiny-causal` was distilled from.
+        ModelSpec(
+            name="tiny-v1",
+            family="wan",
+            config=WAN["tiny"],
+            vae="shapes-v1.5",
+            text_encoder="hashed",
+            defaults=SamplingDefaults(
+                num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
+            ),
+            dvg_spatial=False,
         ),
         ModelSpec(
             name="wan2.1-1.3b",
@@ -697,7 +704,7 @@ def _causal_presets() -> dict[str, CausalPreset]:
     presets = [
         CausalPreset(
             name="tiny-causal",
-            base="tiny",
+            base="tiny-v1",
             dense=ForcingConfig(sink_frames=3, window_frames=15, block_size=16),
             sparse=ForcingConfig(
                 sink_frames=3,

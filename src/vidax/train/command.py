@@ -236,44 +236,25 @@ def export(
         "runs/tiny-dit"
     ),
     out: Annotated[
-        Path | None,
-        typer.Option(help="Weights folder, for `vidax eval --weights` (default: runs/export)."),
-    ] = None,
-    into_package: Annotated[
-        bool,
-        typer.Option(
-            help="Overwrite the weights shipped in the installed package (vidax/assets/tiny), "
-            "which `vidax generate --model tiny` loads."
-        ),
-    ] = False,
+        Path,
+        typer.Option(help="Weights folder, for `vidax eval --model tiny-v1 --weights`."),
+    ] = Path("runs/export"),
 ) -> None:
-    """Copy the trained VAE and DiT weights into one folder (or, asked, into the package)."""
+    """Copy the trained VAE and DiT weights (and the latent statistics) into one folder."""
     import shutil
 
-    from vidax.models.registry import get
-    from vidax.models.wan_vae import PRESETS
     from vidax.train.dit import TRANSFORMER_FILE
-    from vidax.train.vae import STATS_FILE, WEIGHTS_FILE, load_stats
+    from vidax.train.vae import STATS_FILE, WEIGHTS_FILE
 
-    spec = get("tiny")
-    if into_package and out is not None:
-        raise ValueError("give --out or --into-package, not both")
-    out = spec.weights_folder() if into_package else (out or Path("runs/export"))
+    # The CPU stages train the first tiny DiT's architecture (`DiTStageConfig.model`,
+    # `tiny-v1`); the shipped `tiny` comes from `vidax train all` (`vidax.train.recipe`).
     sources = [vae_run / WEIGHTS_FILE, vae_run / STATS_FILE, dit_run / TRANSFORMER_FILE]
     for path in sources:
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: train both stages first")
-    mean, std = load_stats(vae_run / STATS_FILE)
-    preset = PRESETS[spec.vae_preset()]
-    if (preset.latents_mean, preset.latents_std) != (mean, std):
-        typer.echo(
-            f"warning: PRESETS[{spec.vae!r}] latent statistics differ from {vae_run / STATS_FILE}"
-            f"; set latents_mean={mean}, latents_std={std} there",
-            err=True,
-        )
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(vae_run / WEIGHTS_FILE, out / "vae.safetensors")
     shutil.copyfile(dit_run / TRANSFORMER_FILE, out / "transformer.safetensors")
-    if not into_package:  # `vidax eval --weights` reads the statistics beside the VAE
-        shutil.copyfile(vae_run / STATS_FILE, out / "latent_stats.json")
+    # `vidax eval --weights` reads the statistics beside the VAE.
+    shutil.copyfile(vae_run / STATS_FILE, out / "latent_stats.json")
     typer.echo(f"exported to {out}")

@@ -63,7 +63,9 @@ class DiTStageConfig:
     """What and how the DiT stage trains.
 
     Attributes:
-        model: registry preset of the transformer (family "wan", hashed text encoder).
+        model: registry preset of the transformer (family "wan", hashed text encoder). The
+            default is the first tiny DiT's architecture, which this CPU trainer made; the
+            shipped `tiny` is trained by `vidax train all` (`vidax.train.recipe`).
         steps, batch_size, seed: run length, global batch, seed (data, init, noise).
         frames: clip length of the latent cache (1 + 4k).
         short_frames: clip length of the first `short_fraction` of the steps (their latents
@@ -91,7 +93,7 @@ class DiTStageConfig:
         checkpoint_every, log_every: see `LoopConfig`.
     """
 
-    model: str = "tiny"
+    model: str = "tiny-v1"
     steps: int = 3000
     batch_size: int = 8
     seed: int = 0
@@ -355,11 +357,14 @@ def forward(
     x: Float[Array, "b t h w c"],
     timestep: Float[Array, " b"],
     context: Float[Array, "b s e"],
+    positions: Float[Array, "l 3"] | None = None,
 ) -> Float[Array, "b t h w c"]:
-    """`model(x, timestep, context)` of a `WanTransformer`, with `self_attention` inside."""
+    """`model(x, timestep, context, positions=positions)` of a `WanTransformer`, with
+    `self_attention` inside."""
     tokens, grid = model.embed(x)
     cond = model.condition(timestep, context)
-    tokens = model.run_blocks(tokens, cond, model.rope(grid), self_attention=self_attention)
+    rope = model.rope(grid, positions)
+    tokens = model.run_blocks(tokens, cond, rope, self_attention=self_attention)
     return model.unembed(tokens, cond, grid)
 
 
@@ -368,6 +373,8 @@ def dit_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Flow-matching loss with caption dropout and object weighting.
 
+    `batch`: "latents" (b, t, h, w, c), "objects" (b, t, h, w, 1), "context" (b, s, e) and
+    optionally "positions" (l, 3), the RoPE positions of the token grid (default: integers).
     Metrics split the loss at sigma = 0.5 and report the error on object latents alone.
     """
     x0, context = batch["latents"], batch["context"]
@@ -378,7 +385,8 @@ def dit_loss(
     keep = jax.random.uniform(k_drop, (b,)) >= config.cfg_dropout
     context = context * keep[:, None, None].astype(context.dtype)
     objects = batch["objects"]
-    err = velocity_error(lambda x, t: forward(model, x, t, context), x0, noise, sigma)
+    positions = batch.get("positions")
+    err = velocity_error(lambda x, t: forward(model, x, t, context, positions), x0, noise, sigma)
     gate = (sigma <= config.object_weight_sigma).astype(jnp.float32)[:, None, None, None, None]
     per_example = weighted_mean(err, 1.0 + config.object_weight * gate * objects)
     loss = jnp.mean(per_example)

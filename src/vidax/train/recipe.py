@@ -44,6 +44,8 @@ from flax import nnx
 
 from vidax.checkpoint import load_model, save_model, write_atomic
 from vidax.data import scene_render
+from vidax.dvg.transition import downsample
+from vidax.dvg.transition import positions as dvg_positions
 from vidax.models import wan_vae, word_encoder
 from vidax.models.registry import ASSETS, ModelSpec, get
 from vidax.models.wan import WanTransformer, key_map
@@ -79,6 +81,13 @@ class Bucket:
         height, width: pixels (multiples of 8: the VAE's 4x and the patch's 2x).
         batch: clips per step.
         weight: share of the stage's steps (relative to the other buckets).
+        reduce: (time, space) factors of a DVG bucket (DiT stage only): the clip's latents
+            are restricted to DVG's reduced grid (`vidax.dvg.transition.downsample`: nested
+            frames, DCT low-pass) and the model sees that grid's RoPE positions in
+            full-resolution coordinates, which is exactly what DVG's reduced stages feed it.
+            The latents of a smaller rendered clip are not that signal (44% relative squared
+            error at space /2), so rendered small sizes alone do not make a DiT
+            resolution-consistent (docs/results.md).
     """
 
     frames: int
@@ -86,6 +95,7 @@ class Bucket:
     width: int
     batch: int
     weight: float = 1.0
+    reduce: tuple[int, int] = (1, 1)
 
     def __post_init__(self):
         if self.frames < 1 or (self.frames - 1) % 4:
@@ -96,10 +106,33 @@ class Bucket:
                 raise ValueError(f"Bucket.{name} must be a multiple of 8 >= 16, got {value}")
         if self.batch < 1 or not self.weight > 0:
             raise ValueError(f"Bucket needs batch >= 1 and weight > 0, got {self}")
+        if self.reduce[0] not in (1, 2) or self.reduce[1] not in (1, 2, 4):
+            raise ValueError(f"Bucket.reduce must be (1|2, 1|2|4), got {self.reduce}")
 
     @property
     def name(self) -> str:
-        return f"{self.frames}x{self.height}x{self.width}"
+        name = f"{self.frames}x{self.height}x{self.width}"
+        return name if self.reduce == (1, 1) else f"{name}/{self.reduce[0]}x{self.reduce[1]}"
+
+
+def reduced_token_grid(
+    bucket: Bucket, factors: tuple[int, int], patch: tuple[int, int, int]
+) -> tuple[int, int, int] | None:
+    """The DiT's token grid for `bucket`'s clips after its DVG reduction, or None where the
+    reduction or the patch does not divide the latent grid.
+
+    Args:
+        factors: the VAE's (temporal, spatial) compression.
+        patch: the DiT's (pt, ph, pw).
+    """
+    (tf, sf), (rt, rs) = factors, bucket.reduce
+    latent = (1 + (bucket.frames - 1) // tf, bucket.height // sf, bucket.width // sf)
+    if (latent[0] - 1) % rt or latent[1] % rs or latent[2] % rs:
+        return None
+    reduced = (1 + (latent[0] - 1) // rt, latent[1] // rs, latent[2] // rs)
+    if any(n % p for n, p in zip(reduced, patch, strict=True)):
+        return None
+    return tuple(n // p for n, p in zip(reduced, patch, strict=True))  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +191,7 @@ class Profile:
     """
 
     name: str
-    model: str = "tiny-v2"
+    model: str = "tiny"
     dtype: str = "bfloat16"
     vae_init: str | None = str(ASSETS / "tiny" / VAE_FILE)
     vae: StageSettings
@@ -183,6 +216,16 @@ class Profile:
             raise ValueError(f"bad profile settings: {self}")
         if self.total_seconds is not None and not self.total_seconds > 0:
             raise ValueError(f"total_seconds must be positive, got {self.total_seconds}")
+        if any(b.reduce != (1, 1) for b in self.vae.buckets):
+            raise ValueError("VAE buckets train on whole frames: reduce must be (1, 1)")
+        vae = wan_vae.PRESETS[spec.vae_preset()]
+        factors, patch = (vae.temporal_factor, vae.spatial_factor), spec.config.patch_size
+        for bucket in self.dit.buckets:  # one line now, not a shape error inside a compile
+            if reduced_token_grid(bucket, factors, patch) is None:
+                raise ValueError(
+                    f"bucket {bucket.name}: its latent grid reduced by {bucket.reduce} does "
+                    f"not fit the patch {patch}"
+                )
         if self.vae_init is not None and not Path(self.vae_init).is_file():
             raise FileNotFoundError(f"VAE weights to fine-tune not found: {self.vae_init}")
 
@@ -228,6 +271,9 @@ PROFILES: dict[str, Profile] = {
                 Bucket(frames=33, height=32, width=32, batch=128, weight=1),
                 Bucket(frames=33, height=48, width=48, batch=64, weight=1),
                 Bucket(frames=33, height=64, width=64, batch=48, weight=6),
+                # DVG's space /2 stage at the default size: 64x64 clips' latents restricted
+                # to 8x8 (what `vidax generate --accel dvg` feeds the model there).
+                Bucket(frames=33, height=64, width=64, batch=48, weight=2, reduce=(1, 2)),
             ),
             seconds=330.0,
             max_steps=1_000_000,
@@ -253,6 +299,7 @@ PROFILES: dict[str, Profile] = {
             buckets=(
                 Bucket(frames=1, height=32, width=32, batch=2),
                 Bucket(frames=9, height=16, width=24, batch=2),
+                Bucket(frames=9, height=32, width=32, batch=2, reduce=(1, 2)),
             ),
             seconds=600.0,
             max_steps=4,
@@ -579,7 +626,15 @@ def train_dit_stage(
     optimizer = _optimizer(settings)
     tf, sf = vae.config.temporal_factor, vae.config.spatial_factor
 
+    patch = dit_config.patch_size
+
     def loss_for(bucket: Bucket):
+        positions = None
+        if bucket.reduce != (1, 1):  # a host constant: DVG's reduced-grid RoPE positions
+            grid = reduced_token_grid(bucket, (tf, sf), patch)
+            assert grid is not None  # Profile checked every bucket
+            positions = jnp.asarray(dvg_positions(grid, bucket.reduce, patch))
+
         def loss_fn(params, frozen, key):
             k_scene, k_loss = jax.random.split(key)
             scenes = scene_render.sample_scenes(k_scene, bucket.batch)
@@ -587,6 +642,11 @@ def train_dit_stage(
             encoder = nnx.merge(vae_graph, frozen)
             latents = encoder.normalize(moments(encoder, video)[0]).astype(jnp.float32)
             objects = latent_object_mask(video, tf, sf).astype(jnp.float32)
+            if bucket.reduce != (1, 1):
+                latents = downsample(latents, bucket.reduce)
+                # A loss weight only: a reduced latent holds an object where its low-passed
+                # mask does (the DCT's ringing stays below the threshold).
+                objects = (downsample(objects, bucket.reduce) > 0.25).astype(jnp.float32)
             words, mask = scene_render.caption_embeddings(scenes, embedder)
             context = nnx.merge(text_graph, params["text"], text_rest)(words, mask)
             batch = {
@@ -594,6 +654,8 @@ def train_dit_stage(
                 "objects": objects,
                 "context": context,
             }
+            if positions is not None:
+                batch["positions"] = positions
             model = nnx.merge(dit_graph, params["dit"], dit_rest)
             return dit_loss(model, batch, k_loss, loss_config)
 

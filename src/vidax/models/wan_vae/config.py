@@ -348,10 +348,12 @@ PRESETS: dict[str, WanVAEConfig] = {
         latents_mean=(0.1, -0.2, 0.3, 0.0),
         latents_std=(1.5, 0.5, 2.0, 1.0),
     ),
-    # The VAE of the shipped `tiny` text-to-video model, trained by `vidax train vae` on
-    # `vidax.data.shapes` clips (see vidax/assets/tiny/TRAINING.md): Wan's 4x temporal
-    # compression, 4x spatial (33x64x64 pixels -> 9x16x16 latents), 8 latent channels, a wider
-    # decoder than encoder. latents_mean/std are measured on training clips after training.
+    # The VAE of the shipped `tiny` text-to-video model (vidax/assets/tiny/TRAINING.md): Wan's
+    # 4x temporal compression, 4x spatial (33x64x64 pixels -> 9x16x16 latents), 8 latent
+    # channels, a wider decoder than encoder. First trained by `vidax train vae` on
+    # `vidax.data.shapes` clips, then fine-tuned at 32-64 px and 1-33 frames by the VAE stage of
+    # `vidax train all` (checkpoints/tiny-v2-vae); latents_mean/std are that stage's
+    # `latent_stats.json` (256 fresh 33-frame clips).
     "shapes": WanVAEConfig(
         base_dim=8,
         decoder_base_dim=16,
@@ -359,10 +361,17 @@ PRESETS: dict[str, WanVAEConfig] = {
         dim_mult=(1, 2, 4),
         num_res_blocks=1,
         temperal_downsample=(True, True),
-        latents_mean=(1.3311, -1.4097, 1.3888, -0.0058, 0.5029, -1.2145, -1.0271, 0.9443),
-        latents_std=(2.3954, 2.157, 3.0568, 1.9215, 1.9691, 1.601, 2.4137, 2.0697),
+        latents_mean=(0.1933, -0.8087, 0.6968, 0.4564, 0.5279, -0.6088, -0.6009, -0.0308),
+        latents_std=(1.7284, 1.612, 2.0492, 1.4772, 1.3804, 1.2709, 1.694, 1.443),
     ),
 }
+# The `shapes` VAE of the first `tiny` DiT (`tiny-v1`, shipped until 2026-12-06; weights in git
+# history), before the VAE stage of `vidax train all` fine-tuned it.
+PRESETS["shapes-v1.5"] = dataclasses.replace(
+    PRESETS["shapes"],
+    latents_mean=(1.3311, -1.4097, 1.3888, -0.0058, 0.5029, -1.2145, -1.0271, 0.9443),
+    latents_std=(2.3954, 2.157, 3.0568, 1.9215, 1.9691, 1.601, 2.4137, 2.0697),
+)
 # The first `shapes` VAE (trained on 9-frame clips only, 2026-12-02), whose latents the shipped
 # `tiny-causal` models were trained on (vidax/assets/tiny-causal/vae.safetensors).
 PRESETS["shapes-v1"] = dataclasses.replace(
