@@ -14,7 +14,7 @@ default). docs/dvg.md §6.4 measured this on the first tiny DiT (space /2 at sig
 `ModelSpec.dvg_spatial` can be True where space /2 stays below ~0.10.
 
     python benchmarks/dvg_consistency.py --model tiny --limit 8
-    python benchmarks/dvg_consistency.py --model tiny-v2 --weights runs/tiny-v2
+    python benchmarks/dvg_consistency.py --model tiny --weights runs/tiny-v2
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--weights", type=Path, help="weights folder (vidax eval --weights)")
     parser.add_argument("--limit", type=int, default=8, help="first N fixed prompts")
+    parser.add_argument(
+        "--rope",
+        choices=("scaled", "compact"),
+        default="scaled",
+        help="RoPE positions of a reduced grid (`vidax.dvg.plan`'s rope): full-resolution "
+        "coordinates, or the reduced grid's own integers (what a model trained at that size saw)",
+    )
     args = parser.parse_args()
     spec = get(args.model)
     text_encoder = None
@@ -105,13 +112,19 @@ def main() -> None:
                 reduced_sigma = sigma * s / scale
                 x_r = downsample(x, factors) / scale
                 grid = tuple(n // p for n, p in zip(x_r.shape[1:4], patch, strict=True))
-                pos = jnp.asarray(positions(grid, factors, patch))
+                if args.rope == "scaled":
+                    pos = jnp.asarray(positions(grid, factors, patch))
+                else:
+                    pos = jnp.asarray(positions(grid, (1, 1), patch))
                 pred = x0_prediction(x_r, jnp.float32(reduced_sigma), context, pos)
                 target = downsample(full, factors)
                 err = jnp.sum((pred - target) ** 2) / jnp.sum(target**2)
                 errors[name][sigma].append(float(err))
         print(f"{prompt.name} done", flush=True)
-    print(f"\nmodel {args.model}, {args.limit} prompts: relative squared error of x0 predictions")
+    print(
+        f"\nmodel {args.model}, {args.limit} prompts, rope {args.rope}: relative squared error "
+        "of x0 predictions"
+    )
     print("| grid | " + " | ".join(f"sigma {s}" for s in SIGMAS) + " |")
     print("|---|" + "---|" * len(SIGMAS))
     for name, by_sigma in errors.items():
