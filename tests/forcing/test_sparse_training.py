@@ -236,5 +236,8 @@ def test_retired_gates_load_only_when_zero(zero_init_model, tmp_path):
 def test_train_causal_checks_the_sparse_options_before_training(tmp_path):
     with pytest.raises(ValueError, match="--sparse-steps must be >= 1"):
         train_causal(root=tmp_path, only="sparse", sparse_steps=0)
+    # tiny-causal's base (tiny-v1) ships no weights: only the df stage needs them, and says so.
+    with pytest.raises(ValueError, match="df stage distils 'tiny-v1', which ships no weights"):
+        train_causal(root=tmp_path, only="df")
     with pytest.raises(FileNotFoundError, match=r"nowhere\.safetensors"):
         train_causal(root=tmp_path, only="sparse", sparse_init=tmp_path / "nowhere.safetensors")

@@ -19,7 +19,7 @@ import typer
 from vidax.forcing.model import CausalWan, load
 from vidax.forcing.train import WEIGHTS_FILE, tiny_causal_stages, train_stage
 from vidax.models.registry import ASSETS, get, get_causal, get_vae
-from vidax.models.weights import load_transformer
+from vidax.models.weights import load_transformer, missing_weights
 
 STAGES = ("df", "dense", "sparse")
 
@@ -87,7 +87,15 @@ def train_causal(
             raise FileNotFoundError(f"not found: {path}")
     preset = get_causal("tiny-causal")
     spec = preset.spec  # the base model with the preset's VAE
-    base = load_transformer(get(preset.base), transformer)
+    base = None
+    if "df" in stages:  # only diffusion forcing starts from the bidirectional DiT
+        base_spec = get(preset.base)
+        if transformer is None and missing_weights(base_spec, vae=False, text_encoder=False):
+            raise ValueError(
+                f"the df stage distils {preset.base!r}, which ships no weights: pass "
+                "--transformer (vidax/assets/tiny-causal/TRAINING.md says where they are)"
+            )
+        base = load_transformer(base_spec, transformer)
     if vae is not None:
         vae_spec = get_vae(spec.vae_preset())
         vae_model = vae_spec.loader(vae, vae_spec.config)
@@ -131,6 +139,7 @@ def train_causal(
     for stage in stages:
         start = time.time()
         if stage == "df":
+            assert base is not None  # loaded above when "df" is a stage
             train_stage(
                 root / stage, configs[stage], CausalWan.from_transformer(base), vae=vae_model
             )
