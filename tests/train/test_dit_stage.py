@@ -105,7 +105,7 @@ def test_loss_drops_captions_at_the_dropout_rate():
     }
     seen = {}
 
-    def spy(m, x, t, context):
+    def spy(m, x, t, context, positions=None):
         seen["kept"] = np.asarray(context[:, 0, 0])
         return jnp.zeros_like(x)
 
@@ -187,7 +187,7 @@ def test_object_weight_raises_the_share_of_object_errors():
         "context": jnp.zeros((4, SMALL_MODEL.text_len, SMALL_MODEL.text_dim)),
     }
 
-    def exact_but_objects(m, x, t, context):
+    def exact_but_objects(m, x, t, context, positions=None):
         # x = sigma * noise with x0 = 0: the true velocity is x / sigma; miss it by 1 on objects.
         sigma = (t / 1000.0)[:, None, None, None, None]
         return x / sigma + jnp.asarray(objects)
