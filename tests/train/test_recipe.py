@@ -58,6 +58,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
         (dict(frames=1, height=8, width=16, batch=1), "multiple of 8"),
         (dict(frames=1, height=16, width=16, batch=0), "batch"),
         (dict(frames=1, height=16, width=16, batch=1, reduce=(3, 1)), "reduce must be"),
+        (dict(frames=1, height=16, width=16, batch=1, reduce=(1, 8)), "reduce must be"),
     ],
 )
 def test_bad_buckets_are_one_line_errors(kwargs, match):
@@ -89,7 +90,7 @@ def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
     assert any(h != w for _, h, w in shapes)
     # ... and DVG's own space /2 grid at the default size.
     reduced = [b for b in PROFILES["h200"].dit.buckets if b.reduce != (1, 1)]
-    assert [(b.name, b.reduce) for b in reduced] == [("33x64x64/1x2", (1, 2))]
+    assert [b.name for b in reduced] == ["33x64x64/1x2", "33x64x64/4x1", "33x64x64/8x1"]
 
 
 def test_dvg_buckets_train_on_dvgs_reduced_grid():
@@ -106,6 +107,12 @@ def test_dvg_buckets_train_on_dvgs_reduced_grid():
         5,
         2,
         2,
+    )
+    # Time /8 keeps latent frames 0 and 8 of 9.
+    assert reduced_token_grid(dataclasses.replace(bucket, reduce=(8, 1)), (4, 4), (1, 2, 2)) == (
+        2,
+        8,
+        8,
     )
     odd = Bucket(frames=9, height=16, width=24, batch=1, reduce=(1, 2))  # 3x4x6 -> 3x2x3
     assert reduced_token_grid(odd, (4, 4), (1, 2, 2)) is None

@@ -106,8 +106,8 @@ class Bucket:
                 raise ValueError(f"Bucket.{name} must be a multiple of 8 >= 16, got {value}")
         if self.batch < 1 or not self.weight > 0:
             raise ValueError(f"Bucket needs batch >= 1 and weight > 0, got {self}")
-        if self.reduce[0] not in (1, 2) or self.reduce[1] not in (1, 2, 4):
-            raise ValueError(f"Bucket.reduce must be (1|2, 1|2|4), got {self.reduce}")
+        if self.reduce[0] not in (1, 2, 4, 8) or self.reduce[1] not in (1, 2, 4):
+            raise ValueError(f"Bucket.reduce must be (1|2|4|8, 1|2|4), got {self.reduce}")
 
     @property
     def name(self) -> str:
@@ -271,9 +271,12 @@ PROFILES: dict[str, Profile] = {
                 Bucket(frames=33, height=32, width=32, batch=128, weight=1),
                 Bucket(frames=33, height=48, width=48, batch=64, weight=1),
                 Bucket(frames=33, height=64, width=64, batch=48, weight=6),
-                # DVG's space /2 stage at the default size: 64x64 clips' latents restricted
-                # to 8x8 (what `vidax generate --accel dvg` feeds the model there).
+                # DVG's reduced stages at the default size (what `vidax generate --accel dvg`
+                # feeds the model there): space /2 (8x8 latents), time /4 and /8 (3 and 2 of
+                # the 9 latent frames: the selector's temporal schedules, docs/dvg.md §6.5).
                 Bucket(frames=33, height=64, width=64, batch=48, weight=2, reduce=(1, 2)),
+                Bucket(frames=33, height=64, width=64, batch=48, weight=1, reduce=(4, 1)),
+                Bucket(frames=33, height=64, width=64, batch=48, weight=1, reduce=(8, 1)),
             ),
             seconds=330.0,
             max_steps=1_000_000,
