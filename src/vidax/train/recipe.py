@@ -42,11 +42,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from vidax.checkpoint import load_model, save_model, write_atomic
+from vidax.checkpoint import save_model, write_atomic
 from vidax.data import scene_render
+from vidax.dvg.schedule import reduced_shape
 from vidax.dvg.transition import downsample
 from vidax.dvg.transition import positions as dvg_positions
-from vidax.models import wan_vae, word_encoder
+from vidax.models import wan, wan_vae, word_encoder
 from vidax.models.registry import ASSETS, ModelSpec, get
 from vidax.models.wan import WanTransformer, key_map
 from vidax.models.word_encoder import WordEncoder
@@ -125,11 +126,12 @@ def reduced_token_grid(
         factors: the VAE's (temporal, spatial) compression.
         patch: the DiT's (pt, ph, pw).
     """
-    (tf, sf), (rt, rs) = factors, bucket.reduce
+    tf, sf = factors
     latent = (1 + (bucket.frames - 1) // tf, bucket.height // sf, bucket.width // sf)
-    if (latent[0] - 1) % rt or latent[1] % rs or latent[2] % rs:
+    try:
+        reduced = reduced_shape(latent, bucket.reduce)  # DVG's own grid arithmetic
+    except ValueError:
         return None
-    reduced = (1 + (latent[0] - 1) // rt, latent[1] // rs, latent[2] // rs)
     if any(n % p for n, p in zip(reduced, patch, strict=True)):
         return None
     return tuple(n // p for n, p in zip(reduced, patch, strict=True))  # type: ignore[return-value]
@@ -751,11 +753,7 @@ def load_recipe_dit(
     for name in (TRANSFORMER_FILE, TEXT_ENCODER_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name} not found: not a recipe run's DiT stage")
-    dit = load_model(
-        lambda: WanTransformer(dit_config, rngs=nnx.Rngs(0)),
-        folder / TRANSFORMER_FILE,
-        key_map(dit_config),
-    )
+    dit = wan.load(folder / TRANSFORMER_FILE, dit_config)
     return dit, word_encoder.load(folder / TEXT_ENCODER_FILE, text_config)
 
 
