@@ -112,10 +112,9 @@ def main() -> None:
                 reduced_sigma = sigma * s / scale
                 x_r = downsample(x, factors) / scale
                 grid = tuple(n // p for n, p in zip(x_r.shape[1:4], patch, strict=True))
-                if args.rope == "scaled":
-                    pos = jnp.asarray(positions(grid, factors, patch))
-                else:
-                    pos = jnp.asarray(positions(grid, (1, 1), patch))
+                # "compact": the reduced grid's own integer positions (factors (1, 1)).
+                scale_by = factors if args.rope == "scaled" else (1, 1)
+                pos = jnp.asarray(positions(grid, scale_by, patch))
                 pred = x0_prediction(x_r, jnp.float32(reduced_sigma), context, pos)
                 target = downsample(full, factors)
                 err = jnp.sum((pred - target) ** 2) / jnp.sum(target**2)
