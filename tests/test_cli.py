@@ -30,7 +30,7 @@ def test_generate_writes_a_playable_mp4(tmp_path):
         [
             "generate",
             "--prompt",
-            "a red circle",
+            "a red circle moving right",
             "--out",
             str(out),
             "--frames",
@@ -47,6 +47,8 @@ def test_generate_writes_a_playable_mp4(tmp_path):
     frames = read_video(out)
     assert frames.shape == (5, 32, 32, 3)
     assert "denoising" in result.output and "wrote" in result.output
+    # tiny was trained on one caption grammar: it says how it reads a free phrasing.
+    assert "prompt read as: 'a red circle bouncing slowly to the right'" in result.output
 
 
 @pytest.mark.parametrize(
@@ -246,6 +248,9 @@ def test_non_finite_latents_stop_with_the_step(tmp_path):
         (["train", "dit", "--vae-run", "/nonexistent"], "VAE run not found"),
         (["eval", "--steps", "0"], "--steps must be >= 1, got 0"),
         (["eval", "--model", "tiny-v1"], "ships no weights for its transformer"),
+        (["eval", "--model", "tiny-causal", "--weights", "."], "--weights does not apply"),
+        (["eval", "--model", "tiny-causal", "--frames", "13"], "--frames 13 gives 4 latent"),
+        (["eval", "--model", "tiny-causal", "--steps", "4"], "do not apply to the causal"),
         (["plan", "--topology", "v5e:2x4", "--size", "480"], "--size must be HEIGHTxWIDTH"),
         (["train", "export", "--vae-run", "/nonexistent"], "not found: train both stages"),
     ],

@@ -312,6 +312,8 @@ def generate(
         embeds, negative = load_prompt_embeds(prompt_embeds, spec)
     elif prompt is None:
         raise ValueError("give --prompt or --prompt-embeds")
+    else:
+        _note_reading(spec, prompt)
     mesh = strategy = None
     if plan is not None:
         from vidax.planner.command import load_plan
@@ -404,6 +406,14 @@ def _experts(spec) -> str:
     return f" x2 experts (switch at t={spec.boundary_ratio * 1000:g})"
 
 
+def _note_reading(spec, prompt: str) -> None:
+    """Says how a model trained on one caption grammar reads the prompt, when it rewrites it."""
+    from vidax.text import read_prompt
+
+    if (read := read_prompt(spec, prompt)) != prompt:
+        _stderr().print(f"prompt read as: {read!r}", highlight=False, soft_wrap=True)
+
+
 def _stream(model, prompt, out, frames, height, width, seed, set_, random_weights) -> None:
     """`vidax generate` for causal (autoregressive) models; `--set` edits the `ForcingConfig`."""
     from vidax.forcing.command import stream_generate
@@ -420,6 +430,7 @@ def _stream(model, prompt, out, frames, height, width, seed, set_, random_weight
     ]
     attention = chosen[-1] if chosen else "sparse"
     preset = get_causal(model)
+    _note_reading(preset.spec, prompt)
     rest = [item for item in set_ or [] if not item.startswith("attention=")]
     overrides = override_changes(preset.forcing(attention), rest)
     start = time.perf_counter()

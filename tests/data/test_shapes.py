@@ -342,3 +342,28 @@ def test_random_eval_prompts_reject_bad_input(n, seed):
 )
 def test_categorise_crafted_specs(objects, pan, category):
     assert shapes.categorise(ClipSpec(objects=objects, pan=pan)) == category
+
+
+def test_canonical_caption_reads_free_phrasings_into_the_training_grammar():
+    from vidax.data.shapes import canonical_caption
+
+    for seed in range(300):  # the training captions are fixed points
+        text = caption(sample_spec(np.random.default_rng(seed)))
+        assert canonical_caption(text) == text
+    cases = {
+        "a red square moving right": "a red square bouncing slowly to the right",
+        "A Blue Square Moving Left": "a blue square bouncing slowly to the left",
+        "a green triangle moves quickly to the upper left and a red circle is static": (
+            "a green triangle bouncing fast to the upper left, a red circle standing still"
+        ),
+        "camera pans left, a white square drifting down": (
+            "a white square bouncing slowly downward, camera panning left"
+        ),
+        # Nothing to read without guessing: a bounce with no direction stays as written...
+        "a red circle bouncing": "a red circle bouncing",
+        # ... and a clause naming no known object leaves the whole prompt as written.
+        "a red circle moving right, a dog running": "a red circle moving right, a dog running",
+        "a cat": "a cat",
+    }
+    for text, expected in cases.items():
+        assert canonical_caption(text) == expected

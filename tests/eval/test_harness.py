@@ -148,3 +148,57 @@ def test_two_labelled_sets_are_reported_side_by_side(tmp_path):
 def test_evaluate_prompts_rejects_bad_sizes_before_loading(height, width):
     with pytest.raises(ValueError, match="height and width must be"):
         evaluate_prompts("tiny", prompts=EVAL_PROMPTS[:1], height=height, width=width)
+
+
+def test_evaluate_prompts_rolls_a_causal_model_out_and_scores_its_last_quarter():
+    from vidax.forcing import CausalWan
+    from vidax.forcing.rollout import generate_latents
+    from vidax.models import wan_vae
+    from vidax.models.registry import get_causal
+    from vidax.text import embed_prompts
+
+    preset = get_causal("tiny-causal")
+    spec = preset.spec
+    small = dataclasses.replace(spec.config, dim=32, num_heads=2, ffn_dim=64, num_layers=1)
+    causal = CausalWan(small, rngs=nnx.Rngs(0))
+    vae = wan_vae.WanVAE(wan_vae.PRESETS[spec.vae], rngs=nnx.Rngs(0))
+    prompt = EVAL_PROMPTS[7]
+    report = evaluate_prompts(
+        "tiny-causal",
+        prompts=[prompt],
+        seeds=1,
+        transformer=causal,
+        vae=vae,
+        references=True,
+        num_frames=21,  # two chunks of 3 latent frames
+        attention="dense",
+    )
+    assert report.settings == {
+        "num_frames": 21, "height": 64, "width": 64, "attention": "dense", "chunks": 2,
+    }  # fmt: skip
+    sample = report.samples[0]
+    assert sample.frames.shape == (21, 64, 64, 3)
+    # The video is the rollout of `vidax generate --stream` for that prompt and seed.
+    import jax
+
+    text = embed_prompts(spec, [prompt.caption])
+    context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
+    latents = generate_latents(
+        causal,
+        jax.random.key(prompt.seed),
+        context,
+        causal.layout(preset.dense, (16, 16)),
+        2,
+        latent_hw=(16, 16),
+        channels=8,
+    )
+    expected = np.clip((np.asarray(vae.decode(latents))[0] + 1) / 2, 0, 1)
+    np.testing.assert_allclose(sample.frames, expected, atol=1e-5)
+    truth = report.references["ground truth"][0].metrics
+    assert truth["last_quarter_subject_consistency"] > 0.9
+    assert "last_quarter_caption_adherence" in sample.metrics
+    assert "| last_quarter_subject_consistency |" in format_table(report)
+    with pytest.raises(ValueError, match="do not apply to the causal model"):
+        evaluate_prompts("tiny-causal", prompts=[prompt], steps=4)
+    with pytest.raises(ValueError, match="--frames 13 gives 4 latent frames"):
+        evaluate_prompts("tiny-causal", prompts=[prompt], num_frames=13)

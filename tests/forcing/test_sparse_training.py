@@ -236,8 +236,17 @@ def test_retired_gates_load_only_when_zero(zero_init_model, tmp_path):
 def test_train_causal_checks_the_sparse_options_before_training(tmp_path):
     with pytest.raises(ValueError, match="--sparse-steps must be >= 1"):
         train_causal(root=tmp_path, only="sparse", sparse_steps=0)
-    # tiny-causal's base (tiny-v1) ships no weights: only the df stage needs them, and says so.
-    with pytest.raises(ValueError, match="df stage distils 'tiny-v1', which ships no weights"):
-        train_causal(root=tmp_path, only="df")
+    with pytest.raises(ValueError, match="--export-dtype must be float32 or bfloat16"):
+        train_causal(root=tmp_path, only="sparse", export_dtype="float16")
+    with pytest.raises(ValueError, match="--final-seconds must be > 0"):
+        train_causal(root=tmp_path, only="sparse", final_seconds=0)
     with pytest.raises(FileNotFoundError, match=r"nowhere\.safetensors"):
         train_causal(root=tmp_path, only="sparse", sparse_init=tmp_path / "nowhere.safetensors")
+
+
+def test_train_causal_df_stage_needs_the_base_weights(tmp_path, monkeypatch):
+    import vidax.forcing.train_command as command
+
+    monkeypatch.setattr(command, "missing_weights", lambda *args, **kwargs: ["transformer"])
+    with pytest.raises(ValueError, match="df stage distils 'tiny', which ships no weights"):
+        train_causal(root=tmp_path, only="df")

@@ -128,3 +128,87 @@ def test_stage_resumes_from_checkpoint(small_model, tmp_path):
     loaded = load(tmp_path / "resumed" / WEIGHTS_FILE, small_model.config)
     for x, y in zip(jax.tree.leaves(nnx.state(loaded)), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_stage_conditions_on_the_given_embedder_and_exports_bfloat16(small_model, tmp_path):
+    """The captions go through `embedder` (a trained text encoder's path), and a run that is
+    not resumable exports its weights in the asked dtype, loadable, without checkpoints."""
+    from safetensors import safe_open
+
+    seen = []
+
+    def embedder(captions):
+        seen.append(list(captions))
+        shape = (len(captions), SMALL.text_len, SMALL.text_dim)
+        return np.full(shape, 0.5, np.float32), np.ones(shape[:2], bool)
+
+    config = StageConfig(
+        kind="self_forcing",
+        forcing=DENSE,
+        teacher_forcing=DENSE,
+        steps=2,
+        batch_size=1,
+        rollout_chunks=1,
+        teacher_steps=1,
+        latent_hw=HW,
+        channels=C,
+        checkpoint_every=1,
+        resumable=False,
+        export_dtype="bfloat16",
+        optim=OptimConfig(lr=1e-3, warmup=1, ema_decay=0.5),
+    )
+    out = train_stage(tmp_path, config, small_model, embedder=embedder)
+    assert len(seen) == 2 and all(len(c) == 1 and isinstance(c[0], str) for c in seen)
+    assert not (tmp_path / "checkpoints").exists()
+    with safe_open(str(tmp_path / WEIGHTS_FILE), "np") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    loaded = load(tmp_path / WEIGHTS_FILE, SMALL)
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(loaded)), jax.tree.leaves(nnx.state(out)), strict=True
+    ):
+        np.testing.assert_array_equal(x, np.asarray(y).astype(jnp.bfloat16).astype(np.float32))
+
+
+def test_guided_teacher_solves_with_the_cfg_velocity(small_model, context):
+    """teacher_guidance: v_u + g (v_c - v_u), each branch through its own cache."""
+    from vidax.forcing.model import forward_chunk
+    from vidax.forcing.rollout import write_clean
+    from vidax.forcing.train import teacher_solve
+
+    layout = small_model.layout(DENSE, HW)
+    empty = jnp.zeros_like(context)
+    past = jax.random.normal(jax.random.key(3), (1, 1, *HW, C))
+    caches = [
+        write_clean(small_model, past, ctx, small_model.init_cache(layout, 1), 0, layout)
+        for ctx in (context, empty)
+    ]
+    x = jax.random.normal(jax.random.key(4), (1, 1, *HW, C))
+    t = jnp.asarray(800.0)
+    args = (small_model, x, t, context, caches[0], jnp.asarray(1), layout)
+    guided = teacher_solve(*args, steps=1, shift=3.0, guidance=3.0, uncond=(empty, caches[1]))
+    plain = teacher_solve(*args, steps=1, shift=3.0)
+    from vidax.sampling import shift_sigmas
+
+    s0 = shift_sigmas(jnp.asarray(0.8), 3.0)
+    ts = jnp.full((1,), s0 * 1000.0)
+    v_c, _ = forward_chunk(small_model, x, ts, context, caches[0], jnp.asarray(1), layout)
+    v_u, _ = forward_chunk(small_model, x, ts, empty, caches[1], jnp.asarray(1), layout)
+    np.testing.assert_allclose(guided, x - s0 * (v_u + 3.0 * (v_c - v_u)), atol=1e-5)
+    np.testing.assert_allclose(plain, x - s0 * v_c, atol=1e-5)
+    assert float(jnp.abs(guided - plain).max()) > 1e-3  # the branches differ
+    with pytest.raises(ValueError, match="teacher_guidance must be >= 1"):
+        StageConfig(kind="self_forcing", forcing=DENSE, teacher_forcing=DENSE, teacher_guidance=0.5)
+    with pytest.raises(ValueError, match="cfg_dropout must be in"):
+        StageConfig(kind="diffusion_forcing", forcing=DENSE, cfg_dropout=1.0)
+
+
+def test_guided_self_forcing_loss_runs_and_differs_from_unguided(small_model, context):
+    graphdef, params = nnx.split(small_model)
+    lay = small_model.layout(DENSE, HW)
+    common = dict(num_chunks=2, teacher_steps=1, latent_hw=HW, channels=C)
+    key = jax.random.key(5)
+    plain, _ = self_forcing_loss(graphdef, params, params, context, key, lay, lay, **common)
+    guided, _ = self_forcing_loss(
+        graphdef, params, params, context, key, lay, lay, teacher_guidance=4.0, **common
+    )
+    assert np.isfinite(float(guided)) and float(guided) != pytest.approx(float(plain))

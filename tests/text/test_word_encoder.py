@@ -78,3 +78,37 @@ def test_pipeline_runs_the_encoder_of_a_preset_with_text_config(encoder):
     words, mask = _words(["a red circle", ""])
     np.testing.assert_allclose(embeds.embeds, encoder(words, mask), atol=1e-6)
     np.testing.assert_array_equal(embeds.mask, mask)
+
+
+def test_prompt_embedder_is_the_presets_text_path():
+    """Training loops embed captions as generation does: tiny's trained encoder, tiny-v1's
+    hashed words; encoders that need files are refused in one line."""
+    from vidax.text import PromptEmbedder
+
+    captions = ["a red circle bouncing slowly to the right", "a blue square standing still"]
+    embeds, mask = PromptEmbedder(get("tiny"))(captions)
+    text = embed_prompts(get("tiny"), captions)
+    np.testing.assert_array_equal(mask, np.asarray(text.mask))
+    np.testing.assert_allclose(embeds, np.asarray(text.embeds) * mask[..., None], atol=1e-6)
+    assert embeds.shape == (2, 32, 256) and not np.any(embeds[~mask])
+    v1 = get("tiny-v1").config
+    hashed = HashedTextEmbedder(dim=v1.text_dim, text_len=v1.text_len)(captions)
+    for x, y in zip(PromptEmbedder(get("tiny-v1"))(captions), hashed, strict=True):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="uses 'umt5-xxl'"):
+        PromptEmbedder(get("wan2.1-1.3b"))
+
+
+def test_shapes_models_read_prompts_into_their_caption_grammar():
+    from vidax.text import read_prompt
+
+    free, canonical = "a red square moving right", "a red square bouncing slowly to the right"
+    assert read_prompt(get("tiny"), free) == canonical
+    a, b = (embed_prompts(get("tiny-v1"), [t]).embeds for t in (free, canonical))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    spec = dataclasses.replace(get("tiny-v1"), caption_grammar=None)  # prompts as written
+    assert read_prompt(spec, free) == free
+    a, b = (embed_prompts(spec, [t]).embeds for t in (free, canonical))
+    assert not np.array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="caption_grammar must be None or 'shapes'"):
+        dataclasses.replace(get("tiny-v1"), caption_grammar="english")

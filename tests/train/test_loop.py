@@ -143,3 +143,31 @@ def test_loop_config_rejects_bad_values():
         LoopConfig(steps=0)
     with pytest.raises(ValueError):
         LoopConfig(steps=3, checkpoint_every=0)
+
+
+def test_max_seconds_stops_early_and_saves_as_at_the_end(tmp_path, capsys):
+    state, step = _setup()
+    saved = []
+    config = LoopConfig(steps=50, checkpoint_every=100, max_seconds=1e-9)
+    out = run(
+        tmp_path, state, step, _Regression(), config, on_checkpoint=lambda s, _: saved.append(s)
+    )
+    # The first step already spends the budget: one step, then the final save and export.
+    assert int(out["step"]) == 1 and saved == [1]
+    assert [r["step"] for r in read_log(tmp_path)] == [1]
+    assert Checkpointer(tmp_path / "checkpoints").latest_step() == 1
+    assert "stopped at step 1 of 50" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_seconds must be > 0"):
+        LoopConfig(steps=5, max_seconds=0)
+
+
+def test_a_run_that_is_not_resumable_writes_no_checkpoints(tmp_path):
+    state, step = _setup()
+    saved = []
+    config = LoopConfig(steps=4, checkpoint_every=2, resumable=False)
+    run(tmp_path, state, step, _Regression(), config, on_checkpoint=lambda s, _: saved.append(s))
+    assert saved == [2, 4] and not (tmp_path / "checkpoints").exists()
+    # Run again: nothing to resume from, so it trains from step 0 again.
+    state, step = _setup()
+    run(tmp_path, state, step, _Regression(), config)
+    assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3, 4]

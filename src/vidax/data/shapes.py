@@ -555,6 +555,42 @@ def parse_caption(text: str) -> list[CaptionObject]:
     return objects
 
 
+def canonical_caption(text: str) -> str:
+    """`text` in the caption grammar the shapes models were trained on, where it can be read
+    without guessing; else `text` unchanged.
+
+    'a red square moving right' -> 'a red square bouncing slowly to the right' (a direction
+    without a speed is the slow speed), 'a blue circle, camera pans left' -> ... Clauses that
+    name an object without saying where it goes ('a red circle bouncing') stay as written;
+    a clause naming no known object or pan leaves the whole prompt as written. Captions of
+    `caption` are fixed points.
+    """
+    clauses: list[str] = []
+    pans: list[str] = []
+    for clause in _clauses(text):
+        if m := _PAN_RE.search(clause):
+            pans.append(f"camera panning {m['pan']}")
+            continue
+        if _OBJECT_RE.search(clause) is None:
+            return text
+        (obj,) = parse_caption(clause)
+        if obj.motion == "still":
+            clauses.append(describe(ObjectSpec(shape=obj.shape, colour=obj.colour)))
+        elif obj.direction is not None:
+            moving = ObjectSpec(
+                shape=obj.shape,
+                colour=obj.colour,
+                motion=obj.motion or "slow",
+                direction=obj.direction,
+            )
+            clauses.append(describe(moving))
+        else:
+            clauses.append(clause)
+    if not clauses:
+        return text
+    return ", ".join(clauses + pans[:1])
+
+
 def parse_pan(text: str) -> str:
     """The camera pan a caption asks for: one of `PANS` ('none' when it names none)."""
     m = _PAN_RE.search(text.lower())

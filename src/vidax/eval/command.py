@@ -2,6 +2,7 @@
 
 vidax eval --model tiny --seeds 2 --out runs/eval
 vidax eval --model tiny --weights runs/tiny-v2 --random 48 --seed 7
+vidax eval --model tiny-causal --frames 129 --attention dense
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import typer
 
 from vidax.data import EVAL_PROMPTS, random_eval_prompts
 from vidax.eval.harness import evaluate_prompts, format_table, write_report
-from vidax.models.registry import get
+from vidax.forcing.command import check
+from vidax.forcing.weights import load_causal
+from vidax.models.registry import get, get_causal, is_causal
 from vidax.models.weights import load_folder, load_text_encoder, missing_weights
 
 
@@ -55,6 +58,9 @@ def evaluate(
         int | None, typer.Option(help="Render and generate at this width (default: the model's).")
     ] = None,
     fixed: Annotated[bool, typer.Option(help="Score the fixed prompt set.")] = True,
+    attention: Annotated[
+        str, typer.Option(help="Causal models: 'sparse' (Sparse Forcing) or 'dense'.")
+    ] = "sparse",
 ) -> None:
     """Score a model on the fixed prompt set and/or fresh random prompts: metric tables
     (mean ± std, per category, with reference rows) and a contact sheet."""
@@ -69,23 +75,16 @@ def evaluate(
     for name, size in (("--height", height), ("--width", width)):
         if size is not None and size < 16:
             raise ValueError(f"{name} must be >= 16, got {size}")
-    spec = get(model)
-    d = spec.defaults
-    # Fails on a size or frame count the model cannot take before any weights load.
-    spec.geometry().latent_shape(frames or d.num_frames, height or d.height, width or d.width)
     sets = [("fixed", EVAL_PROMPTS[:limit])] if fixed else []
     if random:
         sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
-    if weights is not None:
-        transformer, vae, text_encoder = load_folder(spec, weights)
-    elif missing := missing_weights(spec, text_encoder=spec.text_config is not None):
-        raise ValueError(
-            f"model {model!r} ships no weights for its {', '.join(missing)}: pass --weights DIR "
-            "(a folder written by `vidax train all` or `vidax train export`)"
+    causal = is_causal(model)
+    if causal:
+        transformer, vae, text_encoder = _causal_parts(
+            model, weights, frames, height, width, attention
         )
-    else:  # loaded once for every set
-        transformer, vae = spec.load(), spec.load_vae()
-        text_encoder = load_text_encoder(spec) if spec.text_config else None
+    else:
+        transformer, vae, text_encoder = _parts(model, weights, frames, height, width)
     reports = []
     for label, prompts in sets:
 
@@ -109,6 +108,7 @@ def evaluate(
                 num_frames=frames,
                 height=height,
                 width=width,
+                **({"attention": attention} if causal else {}),
             )
         )
         typer.echo("", err=True)
@@ -120,3 +120,32 @@ def evaluate(
         f"{sum(r.seconds for r in reports):.0f}s; wrote {paths['table']}, "
         f"{paths['results']}, {paths['contact_sheet']}"
     )
+
+
+def _parts(model: str, weights: Path | None, frames, height, width):
+    """(transformer, vae, text encoder) of a text-to-video preset, loaded once for every set."""
+    spec = get(model)
+    d = spec.defaults
+    # Fails on a size or frame count the model cannot take before any weights load.
+    spec.geometry().latent_shape(frames or d.num_frames, height or d.height, width or d.width)
+    if weights is not None:
+        return load_folder(spec, weights)
+    if missing := missing_weights(spec, text_encoder=spec.text_config is not None):
+        raise ValueError(
+            f"model {model!r} ships no weights for its {', '.join(missing)}: pass --weights DIR "
+            "(a folder written by `vidax train all` or `vidax train export`)"
+        )
+    text_encoder = load_text_encoder(spec) if spec.text_config else None
+    return spec.load(), spec.load_vae(), text_encoder
+
+
+def _causal_parts(model: str, weights: Path | None, frames, height, width, attention: str):
+    """(causal transformer, vae, text encoder) of a causal preset, loaded once."""
+    if weights is not None:
+        raise ValueError(f"--weights does not apply to the causal model {model!r}")
+    preset = get_causal(model)
+    # The one-line reasons `vidax generate --stream` gives, before anything loads.
+    check(preset, frames=frames, height=height, width=width, attention=attention)
+    spec = preset.spec
+    text_encoder = load_text_encoder(spec) if spec.text_config else None
+    return load_causal(preset, attention), spec.load_vae(), text_encoder

@@ -30,7 +30,7 @@ from vidax import pipeline
 from vidax.data.shapes import EVAL_PROMPTS, SHAPES, EvalPrompt, render
 from vidax.metrics.evaluate import Summary, evaluate, summarise
 from vidax.metrics.scene import shapes_read
-from vidax.models.registry import get
+from vidax.models.registry import get, get_causal, is_causal
 from vidax.models.weights import load_text_encoder
 
 # Metrics shown in the table, in order (higher is better unless marked).
@@ -43,6 +43,9 @@ TABLE_METRICS = (
     "temporal_flicker",
     "flicker_score",
 )
+# Rows added for causal (long, chunk-by-chunk) videos: the metrics of their last quarter, where
+# a rollout drifts if it does.
+LAST_QUARTER_METRICS = ("last_quarter_caption_adherence", "last_quarter_subject_consistency")
 _SEED_STRIDE = 100_000  # seed of replicate k of a prompt: prompt.seed + k * stride
 
 
@@ -135,8 +138,14 @@ def evaluate_prompts(
     guidance: float | None = None,
     shift: float | None = None,
     sampler: str | None = None,
+    attention: str = "sparse",
 ) -> Report:
     """Generates every (prompt, seed) video with `vidax.pipeline.generate` and scores it.
+
+    A causal preset (`tiny-causal`) generates chunk by chunk instead, the latents `vidax
+    generate --stream --set attention=<attention>` makes for the same prompt and seed, with its
+    shipped causal weights (`transformer`: an already-loaded `CausalWan`); its samples also
+    carry `LAST_QUARTER_METRICS`. `steps`, `guidance`, `shift`, `sampler` do not apply to it.
 
     Args:
         model: preset name (its shipped weights unless `transformer`/`vae` are given).
@@ -155,6 +164,27 @@ def evaluate_prompts(
     Returns:
         A `Report`.
     """
+    if is_causal(model):
+        if any(x is not None for x in (steps, guidance, shift, sampler)):
+            raise ValueError(
+                f"steps, guidance, shift and sampler do not apply to the causal model {model!r} "
+                "(its own few-step schedule, no classifier-free guidance)"
+            )
+        return _evaluate_causal(
+            model,
+            prompts=prompts,
+            seeds=seeds,
+            transformer=transformer,
+            vae=vae,
+            text_encoder=text_encoder,
+            references=references,
+            on_sample=on_sample,
+            label=label,
+            num_frames=num_frames,
+            height=height,
+            width=width,
+            attention=attention,
+        )
     spec = get(model)
     pairs = prompt_seeds(prompts, seeds)
     d = spec.defaults
@@ -205,8 +235,80 @@ def evaluate_prompts(
     return Report(model, samples, refs, settings, time.perf_counter() - start, label)
 
 
-def _score(prompt: EvalPrompt, seed: int, frames: np.ndarray) -> Sample:
+def _evaluate_causal(
+    model: str,
+    *,
+    prompts: Sequence[EvalPrompt],
+    seeds: int,
+    transformer,
+    vae,
+    text_encoder,
+    references: bool,
+    on_sample: Callable[[int, int], None] | None,
+    label: str,
+    num_frames: int | None,
+    height: int | None,
+    width: int | None,
+    attention: str,
+) -> Report:
+    """`evaluate_prompts` for a causal preset: chunk-by-chunk rollouts, batch 1 per video."""
+    import jax
+
+    from vidax.forcing.command import check
+    from vidax.forcing.rollout import generate_latents
+    from vidax.forcing.weights import load_causal
+    from vidax.text import embed_prompts
+
+    preset = get_causal(model)
+    spec = preset.spec
+    d = spec.defaults
+    num_frames = preset.num_frames if num_frames is None else num_frames
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    if min(height, width) < 16:
+        raise ValueError(f"height and width must be >= 16, got {height}x{width}")
+    # The one-line reasons `vidax generate --stream` gives, before anything loads.
+    chunks = check(preset, frames=num_frames, height=height, width=width, attention=attention)
+    settings: dict[str, Any] = {
+        "num_frames": num_frames,
+        "height": height,
+        "width": width,
+        "attention": attention,
+        "chunks": chunks,
+    }
+    pairs = prompt_seeds(prompts, seeds)
+    start = time.perf_counter()
+    causal = transformer if transformer is not None else load_causal(preset, attention)
+    vae = vae if vae is not None else spec.load_vae()
+    if text_encoder is None and spec.text_config is not None:
+        text_encoder = load_text_encoder(spec)
+    _, h, w, c = spec.geometry().latent_shape(num_frames, height, width)
+    layout = causal.layout(preset.forcing(attention), (h, w))
+    samples = []
+    for i, (prompt, seed) in enumerate(pairs):
+        text = embed_prompts(spec, [prompt.caption], text_encoder=text_encoder)
+        context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
+        latents = generate_latents(
+            causal, jax.random.key(seed), context, layout, chunks, latent_hw=(h, w), channels=c
+        )
+        frames = np.clip((np.asarray(vae.decode(latents))[0] + 1.0) / 2.0, 0.0, 1.0)
+        samples.append(_score(prompt, seed, frames, last_quarter=True))
+        if on_sample is not None:
+            on_sample(i + 1, len(pairs))
+    refs: dict[str, list[Sample]] = {}
+    if references:
+        refs = _references(prompts, vae, settings)
+    return Report(model, samples, refs, settings, time.perf_counter() - start, label)
+
+
+def _score(
+    prompt: EvalPrompt, seed: int, frames: np.ndarray, *, last_quarter: bool = False
+) -> Sample:
     metrics = evaluate(frames * 2.0 - 1.0, prompt.caption)
+    if last_quarter:
+        tail = evaluate(frames[-(frames.shape[0] // 4) :] * 2.0 - 1.0, prompt.caption)
+        for name in LAST_QUARTER_METRICS:
+            metrics[name] = tail[name.removeprefix("last_quarter_")]
     return Sample(prompt, seed, metrics, np.asarray(frames, np.float32))
 
 
@@ -220,9 +322,12 @@ def _references(
         frames, _ = render(
             prompt.spec, settings["num_frames"], settings["height"], settings["width"]
         )
-        truth.append(_score(prompt, prompt.seed, (frames + 1.0) / 2.0))
+        long = "chunks" in settings  # a causal report: its last-quarter rows too
+        truth.append(_score(prompt, prompt.seed, (frames + 1.0) / 2.0, last_quarter=long))
         decoded = vae.decode(vae.encode(jnp.asarray(frames)[None]))[0]
-        recon.append(_score(prompt, prompt.seed, (np.asarray(decoded) + 1.0) / 2.0))
+        recon.append(
+            _score(prompt, prompt.seed, (np.asarray(decoded) + 1.0) / 2.0, last_quarter=long)
+        )
     return {"ground truth": truth, "vae": recon}
 
 
@@ -247,6 +352,8 @@ def format_table(report: Report | Sequence[Report], metrics: Sequence[str] = TAB
     head = "| metric | " + " | ".join(f"{k} (n={n[k]})" for k in columns) + " |"
     lines = [_heading(report), ""] if report.label else []
     lines += [head, "|---" * (len(columns) + 1) + "|"]
+    if report.samples and LAST_QUARTER_METRICS[0] in report.samples[0].metrics:
+        metrics = (*metrics, *LAST_QUARTER_METRICS)
     for metric in metrics:
         cells = [_cell(columns[k].get(metric)) for k in columns]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")

@@ -258,9 +258,21 @@ def key_map(config: WanConfig, *, retired_gates: bool = False) -> list[Rule]:
     return rules
 
 
-def save(model: CausalWan, path: str | os.PathLike, *, metadata: dict | None = None) -> None:
-    """Writes the model's weights (safetensors, `key_map` layout)."""
-    save_model(model, path, key_map(model.config), metadata=metadata)
+def save(
+    model: CausalWan,
+    path: str | os.PathLike,
+    *,
+    metadata: dict | None = None,
+    dtype: str | np.dtype | None = None,
+) -> None:
+    """Writes the model's weights (safetensors, `key_map` layout), cast to `dtype` if given."""
+    save_model(
+        model,
+        path,
+        key_map(model.config),
+        metadata=metadata,
+        dtype=None if dtype is None else jnp.dtype(dtype),
+    )
 
 
 def load(path: str | os.PathLike, config: WanConfig) -> CausalWan:

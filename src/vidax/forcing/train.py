@@ -70,15 +70,23 @@ class StageConfig:
       repeat: diffusion forcing: steps each encoded batch serves (fresh noise each step).
       latents_dir: diffusion forcing: a `vidax.train.dit` latent cache to read clips from
         instead of encoding them (None: encode with the VAE).
+      cfg_dropout: diffusion forcing: chance that a clip trains on the empty caption (zero
+        context), which keeps the model's unconditional prediction for a guided teacher.
       rollout_chunks: self_forcing: chunks generated per training video.
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
+      teacher_guidance: self_forcing: classifier-free guidance scale of the teacher's
+        velocity (1: unguided; > 1 adds an unconditional teacher pass with its own cache, so
+        the student, sampled without guidance, learns the guided solution).
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
       optim: optimiser settings; `optim.lr` is the sparse-attention heads' rate.
       backbone_lr_multiplier: learning-rate factor of everything but the sparse heads (the
         Wan transformer): 1 trains it at `optim.lr`, a value in (0, 1) at a lower rate, 0
         freezes it (no gradient is taken for it, no optimiser state is kept, and the exported
         weights hold it bit for bit; the EMA covers the sparse heads only).
-      checkpoint_every, log_every: see `vidax.train.loop.LoopConfig`.
+      checkpoint_every, log_every, max_seconds, resumable: see `vidax.train.loop.LoopConfig`
+        (`max_seconds` cuts the stage short, the cosine decay still spanning `steps`).
+      export_dtype: dtype of the exported weights ("bfloat16" halves a shipped file; None: the
+        parameters' own).
     """
 
     kind: str
@@ -94,8 +102,10 @@ class StageConfig:
     sigma_shift: float = 3.0
     repeat: int = 1
     latents_dir: str | None = None
+    cfg_dropout: float = 0.0
     rollout_chunks: int = 7
     teacher_steps: int = 8
+    teacher_guidance: float = 1.0
     latent_hw: tuple[int, int] = (16, 16)
     channels: int = 8
     optim: OptimConfig = dataclasses.field(
@@ -104,6 +114,9 @@ class StageConfig:
     backbone_lr_multiplier: float = 1.0
     checkpoint_every: int = 50
     log_every: int = 10
+    max_seconds: float | None = None
+    resumable: bool = True
+    export_dtype: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -117,6 +130,10 @@ class StageConfig:
             )
         if not 0.0 <= self.clean_probability < 1.0:
             raise ValueError(f"clean_probability must be in [0, 1), got {self.clean_probability}")
+        if not 0.0 <= self.cfg_dropout < 1.0:
+            raise ValueError(f"cfg_dropout must be in [0, 1), got {self.cfg_dropout}")
+        if not self.teacher_guidance >= 1.0:
+            raise ValueError(f"teacher_guidance must be >= 1, got {self.teacher_guidance}")
         if self.kind == "self_forcing":
             if self.teacher_forcing is None or self.teacher_forcing.sparse:
                 raise ValueError("self_forcing needs a dense teacher_forcing config")
@@ -140,6 +157,7 @@ def diffusion_forcing_loss(
     *,
     clean_probability: float = 0.25,
     sampler: SigmaSampler | None = None,
+    cfg_dropout: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Flow-matching loss of one block-causal forward with an independent noise level per chunk.
 
@@ -151,6 +169,7 @@ def diffusion_forcing_loss(
       forcing: chunking and window (the mask of `forward_full`).
       clean_probability: chance that a chunk is left clean (context without loss).
       sampler: noise levels of the noisy chunks (default: logit-normal, shift 3).
+      cfg_dropout: chance that a clip's context is replaced by the empty caption's (zeros).
 
     Returns:
       (scalar loss over noisy chunks, metrics).
@@ -158,7 +177,10 @@ def diffusion_forcing_loss(
     b, t = latents.shape[:2]
     n = forcing.num_chunks(t)
     sampler = SigmaSampler(shift=3.0) if sampler is None else sampler
-    k_sigma, k_clean, k_noise = jax.random.split(key, 3)
+    k_sigma, k_clean, k_noise, k_drop = jax.random.split(key, 4)
+    if cfg_dropout > 0:
+        keep = jax.random.uniform(k_drop, (b, 1, 1)) >= cfg_dropout
+        context = jnp.where(keep, context, jnp.zeros_like(context))
     sigma = sampler(k_sigma, b * n).reshape(b, n)
     clean = jax.random.bernoulli(k_clean, clean_probability, (b, n))
     sigma = jnp.where(clean, 0.0, sigma)
@@ -187,11 +209,15 @@ def teacher_solve(
     *,
     steps: int,
     shift: float,
+    guidance: float = 1.0,
+    uncond: tuple[jax.Array, KVCache] | None = None,
 ) -> jax.Array:
     """The teacher's Euler ODE solution from chunk `x` at `timestep` (unshifted, x1000) to 0.
 
     Noise levels shift(u (1 - j / steps)) for j = 0..steps, u = timestep / 1000, the schedule
-    the student's few steps are a subset of.
+    the student's few steps are a subset of. With `uncond` (the empty caption's context and
+    the teacher's cache written under it), the velocity is classifier-free guided:
+    v_u + guidance (v_c - v_u).
     """
     u = timestep / 1000.0
     sigmas = shift_sigmas(u * (1.0 - jnp.arange(steps + 1, dtype=jnp.float32) / steps), shift)
@@ -200,6 +226,9 @@ def teacher_solve(
     def step(j, x):
         t = jnp.full((b,), sigmas[j] * 1000.0, jnp.float32)
         v, _ = forward_chunk(teacher, x, t, context, cache, chunk, layout)
+        if uncond is not None:
+            v_u, _ = forward_chunk(teacher, x, t, uncond[0], uncond[1], chunk, layout)
+            v = v_u + guidance * (v - v_u)
         return x + (sigmas[j + 1] - sigmas[j]) * v
 
     return jax.lax.fori_loop(0, steps, step, x)
@@ -218,6 +247,7 @@ def self_forcing_loss(
     teacher_steps: int,
     latent_hw: tuple[int, int],
     channels: int,
+    teacher_guidance: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Self-rollout loss: regress the exit step of each self-generated chunk onto the teacher.
 
@@ -232,6 +262,8 @@ def self_forcing_loss(
       num_chunks: chunks per video.
       teacher_steps: Euler steps of the teacher's solution.
       latent_hw, channels: latent frame size and channels.
+      teacher_guidance: the teacher's classifier-free guidance scale (1: unguided; else an
+        unconditional teacher pass on zero context, with its own dense cache).
 
     Returns:
       (scalar loss, metrics: exit step and the mean squared distance to the teacher per chunk
@@ -253,8 +285,11 @@ def self_forcing_loss(
         v, _ = forward_chunk(model, x, t, context, cache, chunk, layout)
         return v
 
+    guided = teacher_guidance != 1.0
+    empty = jnp.zeros_like(context)
+
     def body(carry, chunk):
-        cache, teacher_cache = carry
+        cache, teacher_cache, uncond_cache = carry
         noise = chunk_noise(jax.random.fold_in(k_noise, chunk), shape, cfg.num_steps)
 
         def no_grad_step(i, x):
@@ -273,14 +308,20 @@ def self_forcing_loss(
             teacher_layout,
             steps=teacher_steps,
             shift=cfg.shift,
+            guidance=teacher_guidance,
+            uncond=(empty, uncond_cache) if guided else None,
         )
         err = jnp.mean(jnp.square(x0 - jax.lax.stop_gradient(target)))
         clean = jax.lax.stop_gradient(x0)
         cache = write_clean(frozen, clean, context, cache, chunk, layout)
         teacher_cache = write_clean(teacher, clean, context, teacher_cache, chunk, teacher_layout)
-        return (cache, teacher_cache), err
+        if guided:
+            uncond_cache = write_clean(teacher, clean, empty, uncond_cache, chunk, teacher_layout)
+        return (cache, teacher_cache, uncond_cache), err
 
-    carry = (frozen.init_cache(layout, b), teacher.init_cache(teacher_layout, b))
+    # Unguided, the unconditional cache is an unused placeholder (the teacher's, never written).
+    teacher_cache = teacher.init_cache(teacher_layout, b)
+    carry = (frozen.init_cache(layout, b), teacher_cache, teacher_cache)
     carry = jax.lax.stop_gradient(carry)
     _, errs = jax.lax.scan(body, carry, jnp.arange(num_chunks, dtype=jnp.int32))
     return errs.mean(), {"exit_step": exit_step, "first_chunk": errs[0], "last_chunk": errs[-1]}
@@ -293,15 +334,14 @@ class TrainBatches:
     """Resumable batches for a stage: text embeddings, and VAE latents for diffusion forcing.
 
     Wraps `ClipLoader` and turns each batch into the arrays the step takes: "context"
-    (b, s, text_dim) and, when `vae` is given, "latents". Encoding clips costs far more than a
+    (b, s, text_dim), the captions through `embedder` (captions -> (embeds, mask), e.g.
+    `HashedTextEmbedder` or `vidax.text.PromptEmbedder`), and, when `vae` is given, "latents". Encoding clips costs far more than a
     step of the tiny model on a CPU, so each encoded batch serves `repeat` consecutive steps
     (with fresh noise levels and noise each time). The state is the loader's (seed, step) plus
     the position inside the repeat; a resumed run re-encodes the batch it was in.
     """
 
-    def __init__(
-        self, config: StageConfig, *, text_dim: int, text_len: int, vae=None, repeat: int = 1
-    ):
+    def __init__(self, config: StageConfig, *, embedder, vae=None, repeat: int = 1):
         if repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {repeat}")
         frames = config.num_frames if vae is not None else 1
@@ -314,7 +354,7 @@ class TrainBatches:
             ),
             seed=config.seed,
         )
-        self.embed = HashedTextEmbedder(dim=text_dim, text_len=text_len)
+        self.embed = embedder
         self.vae = vae
         self.repeat = repeat
         self.used = 0  # steps served from the current batch
@@ -364,6 +404,7 @@ def train_stage(
     *,
     teacher: CausalWan | None = None,
     vae=None,
+    embedder=None,
 ) -> CausalWan:
     """Trains one stage from `model`'s weights, resuming from `run_dir` if it has checkpoints.
 
@@ -376,6 +417,9 @@ def train_stage(
       model: initial weights (also fixes the architecture).
       teacher: frozen teacher (self_forcing; default: a copy of `model`).
       vae: the VAE that encodes clips (diffusion_forcing).
+      embedder: captions -> (embeds (b, s, text_dim), mask (b, s)), the base model's text
+        conditioning (default: `HashedTextEmbedder` at the model's text_dim, the text path of
+        presets without a trained text encoder; `vidax.text.PromptEmbedder` for the others).
 
     Returns:
       The model with the EMA weights of the last step.
@@ -387,7 +431,16 @@ def train_stage(
     optim = config.optim
     if optim.decay_steps == 0:
         optim = dataclasses.replace(optim, decay_steps=config.steps)
-    key = dataclasses.replace(config, steps=1, checkpoint_every=1, log_every=1, optim=optim)
+    key = dataclasses.replace(
+        config,
+        steps=1,
+        checkpoint_every=1,
+        log_every=1,
+        max_seconds=None,
+        resumable=True,
+        export_dtype=None,
+        optim=optim,
+    )
     optimizer, step_fn = _compiled_step(graphdef, key, wan)
     state = init_state(params, optimizer)
     if config.kind == "diffusion_forcing":
@@ -397,26 +450,29 @@ def train_stage(
         # A copy: the step donates its state, and the teacher must not alias the parameters.
         frozen = nnx.state(teacher if teacher is not None else model)
         state["teacher"] = jax.tree.map(jnp.copy, frozen)
+    if embedder is None:
+        embedder = HashedTextEmbedder(dim=wan.text_dim, text_len=wan.text_len)
     batches: LatentBatches | TrainBatches
     if config.kind == "diffusion_forcing" and config.latents_dir is not None:
         batches = LatentBatches(
-            config.latents_dir,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            embedder=HashedTextEmbedder(dim=wan.text_dim, text_len=wan.text_len),
+            config.latents_dir, batch_size=config.batch_size, seed=config.seed, embedder=embedder
         )
     else:
         batches = TrainBatches(
             config,
-            text_dim=wan.text_dim,
-            text_len=wan.text_len,
+            embedder=embedder,
             vae=vae if config.kind == "diffusion_forcing" else None,
             repeat=config.repeat if config.kind == "diffusion_forcing" else 1,
         )
 
     def export(step: int, state: dict[str, Any]) -> None:
         out = nnx.merge(graphdef, _exported(state, config))
-        save(out, run_dir / WEIGHTS_FILE, metadata={"step": str(step), "stage": config.kind})
+        save(
+            out,
+            run_dir / WEIGHTS_FILE,
+            metadata={"step": str(step), "stage": config.kind},
+            dtype=config.export_dtype,
+        )
 
     state = run(
         run_dir,
@@ -474,6 +530,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
                 config.forcing,
                 clean_probability=config.clean_probability,
                 sampler=SigmaSampler(shift=config.sigma_shift),
+                cfg_dropout=config.cfg_dropout,
             )
 
     else:
@@ -494,6 +551,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
                 teacher_steps=config.teacher_steps,
                 latent_hw=config.latent_hw,
                 channels=config.channels,
+                teacher_guidance=config.teacher_guidance,
             )
 
     step = make_step(
@@ -545,6 +603,13 @@ def tiny_causal_stages(
     latent_hw: tuple[int, int] = (16, 16),
     channels: int = 8,
     latents_dir: str | None = None,
+    df_batch_size: int = 4,
+    df_seconds: float | None = None,
+    final_seconds: float | None = None,
+    resumable: bool = True,
+    export_dtype: str | None = None,
+    teacher_guidance: float = 1.0,
+    cfg_dropout: float = 0.0,
 ) -> dict[str, StageConfig]:
     """The stages behind `vidax/assets/tiny-causal` (see its TRAINING.md).
 
@@ -559,6 +624,13 @@ def tiny_causal_stages(
       own prediction at the exit step (`teacher_steps=1`: one Euler step to 0 is the x0
       prediction), so the loss measures only what the sparse cache loses against the dense
       one. The sparse heads start at zero, the rate 1e-3 is theirs alone.
+
+    `teacher_guidance` > 1 guides the dense stage's teacher (classifier-free, the empty caption
+    as the unconditional branch) and `cfg_dropout` trains df on the empty caption that often,
+    so that its unconditional prediction stays usable for that teacher.
+    `df_seconds` / `final_seconds` cap a stage's time (an accelerator lease), `resumable`
+    False trains without orbax checkpoints (the exported weights only), `export_dtype` casts
+    the exported weights (see `StageConfig`).
     """
     preset = get_causal("tiny-causal")
     dense, sparse = preset.dense, preset.sparse
@@ -572,24 +644,32 @@ def tiny_causal_stages(
         checkpoint_every=10,
         log_every=5,
         seed=1,
+        max_seconds=final_seconds,
+        resumable=resumable,
+        export_dtype=export_dtype,
     )
     return {
         "df": StageConfig(
             kind="diffusion_forcing",
             forcing=dense,
             steps=df_steps,
-            batch_size=4,
+            batch_size=df_batch_size,
             num_frames=33,
             repeat=1 if latents_dir else 4,
             latents_dir=latents_dir,
+            cfg_dropout=cfg_dropout,
             optim=OptimConfig(lr=2e-4, warmup=20, weight_decay=0.0, ema_decay=0.99),
             checkpoint_every=50,
             log_every=25,
+            max_seconds=df_seconds,
+            resumable=resumable,
+            export_dtype=export_dtype,
         ),
         "dense": StageConfig(
             forcing=dense,
             steps=final_steps,
             teacher_steps=teacher_steps,
+            teacher_guidance=teacher_guidance,
             optim=OptimConfig(lr=1e-4, warmup=10, weight_decay=0.0, ema_decay=0.95),
             **rollout,
         ),

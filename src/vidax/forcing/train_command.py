@@ -20,6 +20,7 @@ from vidax.forcing.model import CausalWan, load
 from vidax.forcing.train import WEIGHTS_FILE, tiny_causal_stages, train_stage
 from vidax.models.registry import ASSETS, get, get_causal, get_vae
 from vidax.models.weights import load_transformer, missing_weights
+from vidax.text import PromptEmbedder
 
 STAGES = ("df", "dense", "sparse")
 
@@ -46,9 +47,33 @@ def train_causal(
             "tiny-causal dense.safetensors)."
         ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Clips per step.")] = 1,
+    batch_size: Annotated[int, typer.Option(help="Clips per self-rollout step.")] = 1,
+    df_batch: Annotated[int, typer.Option(help="Clips per diffusion-forcing step.")] = 4,
+    df_seconds: Annotated[
+        float | None, typer.Option(help="Stop diffusion forcing after this many seconds.")
+    ] = None,
+    final_seconds: Annotated[
+        float | None, typer.Option(help="Stop each self-rollout stage after this many seconds.")
+    ] = None,
+    resumable: Annotated[
+        bool,
+        typer.Option(
+            help="Write resumable orbax checkpoints; --no-resumable keeps only each stage's "
+            "exported weights (a machine without orbax)."
+        ),
+    ] = True,
+    export_dtype: Annotated[
+        str | None, typer.Option(help="dtype of the exported weights (e.g. bfloat16).")
+    ] = None,
     rollout_chunks: Annotated[int, typer.Option(help="Chunks per self-rollout.")] = 7,
     teacher_steps: Annotated[int, typer.Option(help="Teacher sampling steps.")] = 6,
+    teacher_guidance: Annotated[
+        float,
+        typer.Option(help="Classifier-free guidance of the dense stage's teacher (1: none)."),
+    ] = 1.0,
+    cfg_dropout: Annotated[
+        float, typer.Option(help="Diffusion forcing: share of clips trained on the empty caption.")
+    ] = 0.0,
     only: Annotated[
         str, typer.Option(help="Stages to run, in order (comma-separated: df, dense, sparse).")
     ] = "df,dense,sparse",
@@ -60,6 +85,10 @@ def train_causal(
     ] = None,
     vae: Annotated[
         Path | None, typer.Option(help="VAE weights (default: the shipped ones).")
+    ] = None,
+    text_encoder: Annotated[
+        Path | None,
+        typer.Option(help="The base model's text-encoder weights (default: the shipped ones)."),
     ] = None,
     ship: Annotated[
         bool,
@@ -82,7 +111,12 @@ def train_causal(
     for name, value in (*steps, ("--sparse-steps", 1 if sparse_steps is None else sparse_steps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    for path in (latents, transformer, vae, sparse_init):
+    if export_dtype not in (None, "float32", "bfloat16"):
+        raise ValueError(f"--export-dtype must be float32 or bfloat16, got {export_dtype!r}")
+    for name, seconds in (("--df-seconds", df_seconds), ("--final-seconds", final_seconds)):
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"{name} must be > 0, got {seconds}")
+    for path in (latents, transformer, vae, sparse_init, text_encoder):
         if path is not None and not path.exists():
             raise FileNotFoundError(f"not found: {path}")
     preset = get_causal("tiny-causal")
@@ -112,7 +146,15 @@ def train_causal(
         latent_hw=(h, w),
         channels=c,
         latents_dir=None if latents is None else str(latents),
+        df_batch_size=df_batch,
+        df_seconds=df_seconds,
+        final_seconds=final_seconds,
+        resumable=resumable,
+        export_dtype=export_dtype,
+        teacher_guidance=teacher_guidance,
+        cfg_dropout=cfg_dropout,
     )
+    embedder = PromptEmbedder(spec, text_encoder)
     root.mkdir(parents=True, exist_ok=True)
 
     def weights(stage: str) -> CausalWan:
@@ -141,15 +183,31 @@ def train_causal(
         if stage == "df":
             assert base is not None  # loaded above when "df" is a stage
             train_stage(
-                root / stage, configs[stage], CausalWan.from_transformer(base), vae=vae_model
+                root / stage,
+                configs[stage],
+                CausalWan.from_transformer(base),
+                vae=vae_model,
+                embedder=embedder,
             )
         elif stage == "dense":
-            train_stage(root / stage, configs[stage], weights("df"), teacher=weights("df"))
+            train_stage(
+                root / stage,
+                configs[stage],
+                weights("df"),
+                teacher=weights("df"),
+                embedder=embedder,
+            )
         else:
             init = dense_weights()
             typer.echo(f"stage sparse: from the dense weights {init}, backbone frozen")
             dense_model = load(init, spec.config)
-            train_stage(root / stage, configs[stage], dense_model, teacher=load(init, spec.config))
+            train_stage(
+                root / stage,
+                configs[stage],
+                dense_model,
+                teacher=load(init, spec.config),
+                embedder=embedder,
+            )
         timings[stage] = time.time() - start
         typer.echo(f"stage {stage}: {timings[stage] / 60:.1f} min")
     (root / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")

@@ -126,6 +126,10 @@ class ModelSpec:
       boundary_ratio: two experts (Wan 2.2 A14B): the transformer denoises timesteps
         t >= boundary_ratio * 1000 and a second one of the same config (the checkpoint's
         `transformer_2/`) the rest, with `defaults.guidance_2`; None: one transformer.
+      caption_grammar: "shapes" for models trained only on `vidax.data.shapes` captions:
+        prompts are first read into that grammar (`vidax.data.shapes.canonical_caption`:
+        'a red square moving right' -> 'a red square bouncing slowly to the right'); None:
+        prompts go to the text encoder as written.
     """
 
     name: str
@@ -140,8 +144,14 @@ class ModelSpec:
     task: str = "t2v"
     image_encoder: str | None = None
     boundary_ratio: float | None = None
+    caption_grammar: str | None = None
 
     def __post_init__(self):
+        if self.caption_grammar not in (None, "shapes"):
+            raise ValueError(
+                f"model {self.name!r}: caption_grammar must be None or 'shapes', got "
+                f"{self.caption_grammar!r}"
+            )
         if self.task not in TASKS:
             raise ValueError(f"model {self.name!r}: task must be one of {TASKS}, got {self.task!r}")
         if self.boundary_ratio is not None and not 0 < self.boundary_ratio < 1:
@@ -288,6 +298,7 @@ def _specs() -> dict[str, ModelSpec]:
             ),
             # Until benchmarks/dvg_consistency.py says space /2 keeps it (docs/dvg.md §6.4).
             dvg_spatial=False,
+            caption_grammar="shapes",
         ),
         # The first tiny DiT (1.1 M parameters, hashed text, CPU-trained at 64x64; shipped until
         # 2026-12-06, its weights are in git: `git show 1dc64c8:src/vidax/assets/tiny`). It
@@ -302,6 +313,7 @@ def _specs() -> dict[str, ModelSpec]:
                 num_frames=33, height=64, width=64, steps=20, shift=3.0, guidance=4.0, fps=8
             ),
             dvg_spatial=False,
+            caption_grammar="shapes",
         ),
         ModelSpec(
             name="wan2.1-1.3b",
@@ -687,11 +699,18 @@ class CausalPreset:
         return self.dense if attention == "dense" else self.sparse
 
     def weights_path(self, attention: str) -> Path | None:
-        """The shipped causal weights for `attention`, if any."""
+        """The shipped causal weights for `attention`, if any. Without trained sparse weights,
+        "sparse" is the dense file: its sparse heads are still at their zero initialisation,
+        which makes it the training-free Sparse Forcing model (the dense layer restricted to
+        the selected blocks)."""
         if self.weights is None:
             return None
-        path = ASSETS / self.weights / f"{attention}.safetensors"
-        return path if path.exists() else None
+        self.forcing(attention)  # validates the name
+        for name in (attention, "dense"):
+            path = ASSETS / self.weights / f"{name}.safetensors"
+            if path.exists():
+                return path
+        return None
 
 
 def _causal_presets() -> dict[str, CausalPreset]:
@@ -704,7 +723,7 @@ def _causal_presets() -> dict[str, CausalPreset]:
     presets = [
         CausalPreset(
             name="tiny-causal",
-            base="tiny-v1",
+            base="tiny",
             dense=ForcingConfig(sink_frames=3, window_frames=15, block_size=16),
             sparse=ForcingConfig(
                 sink_frames=3,
@@ -718,7 +737,6 @@ def _causal_presets() -> dict[str, CausalPreset]:
                 query_tile=64,
             ),
             weights="tiny-causal",
-            vae="shapes-v1",
         ),
     ]
     return {p.name: p for p in presets}

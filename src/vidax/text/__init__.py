@@ -5,15 +5,18 @@ from vidax.text.cache import PromptCache, encoder_fingerprint
 from vidax.text.encode import clean_prompt, encode_prompts, encode_prompts_with_lengths
 from vidax.text.hashed import HashedTextEmbedder
 from vidax.text.prompts import (
+    PromptEmbedder,
     PromptEmbeds,
     embed_prompts,
     fit_prompt_embeds,
     load_prompt_embeds,
+    read_prompt,
 )
 
 __all__ = [
     "HashedTextEmbedder",
     "PromptCache",
+    "PromptEmbedder",
     "PromptEmbeds",
     "clean_prompt",
     "embed_prompts",
@@ -22,4 +25,5 @@ __all__ = [
     "encoder_fingerprint",
     "fit_prompt_embeds",
     "load_prompt_embeds",
+    "read_prompt",
 ]

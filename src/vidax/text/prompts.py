@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from vidax.checkpoint import open_checkpoint
+from vidax.data.shapes import canonical_caption
 from vidax.models import umt5
 from vidax.models.registry import ModelSpec
 from vidax.models.weights import cached_text_encoder, load_text_encoder
@@ -66,8 +67,9 @@ def embed_prompts(
     `load_text_encoder` (with `random_weights`). Wan presets use umT5 when `checkpoint` (or a
     `text_encoder` path) is a diffusers pipeline folder with `text_encoder/` and `tokenizer/`.
     Other encoders (LLaVA, Qwen) are not ported: pass precomputed embeddings
-    (`load_prompt_embeds`).
+    (`load_prompt_embeds`). Each prompt is first `read_prompt`.
     """
+    prompts = [read_prompt(spec, p) for p in prompts]
     c = spec.config
     if spec.text_encoder == "hashed":
         if spec.text_config is not None:
@@ -100,6 +102,45 @@ def embed_prompts(
         "pipeline folder with text_encoder/ and tokenizer/ (umT5 only) or precomputed prompt "
         "embeddings (--prompt-embeds)"
     )
+
+
+def read_prompt(spec: ModelSpec, prompt: str) -> str:
+    """The prompt as the spec's text encoder reads it: for models trained on one caption
+    grammar (`ModelSpec.caption_grammar`), the prompt in that grammar where it can be read
+    without guessing; else as written."""
+    if spec.caption_grammar == "shapes":
+        return canonical_caption(prompt)
+    return prompt
+
+
+class PromptEmbedder:
+    """`HashedTextEmbedder`'s call for any "hashed" preset: captions -> (embeds, mask) numpy
+    arrays through the preset's whole text path (the trained `WordEncoder` where it has one),
+    for training loops that condition on captions.
+
+        embeds, mask = PromptEmbedder(get("tiny"))(["a red circle moving left"])
+
+    Args:
+      spec: the model whose text conditioning to produce.
+      text_encoder: its built encoder or weights path (default: the shipped weights).
+    """
+
+    def __init__(self, spec: ModelSpec, text_encoder=None):
+        if spec.text_encoder != "hashed":
+            raise ValueError(
+                f"PromptEmbedder embeds captions on the fly for 'hashed' text encoders, and "
+                f"{spec.name!r} uses {spec.text_encoder!r}"
+            )
+        self.spec = spec
+        if spec.text_config is not None and text_encoder is None:
+            text_encoder = load_text_encoder(spec)
+        self.text_encoder = text_encoder
+
+    def __call__(self, prompts: str | list[str]) -> tuple[np.ndarray, np.ndarray]:
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        text = embed_prompts(self.spec, prompts, text_encoder=self.text_encoder)
+        mask = np.asarray(text.mask)
+        return np.asarray(text.embeds, np.float32) * mask[..., None], mask
 
 
 @functools.lru_cache(maxsize=4)

@@ -82,6 +82,11 @@ class LoopConfig:
         log_every: print a log line every this many steps when not on a terminal.
         keep: checkpoints kept on disk.
         seed: seed of the per-step random keys.
+        max_seconds: stop (saving as at the last step) once this many seconds of steps have
+            run, compilation included; None: no limit. The learning-rate schedule still
+            spans `steps`: a budget-cut run ends before its schedule does.
+        resumable: write resumable orbax checkpoints (and resume from them); False keeps
+            only `run`'s `on_checkpoint` calls (an accelerator machine without orbax).
     """
 
     steps: int
@@ -89,21 +94,28 @@ class LoopConfig:
     log_every: int = 25
     keep: int = 2
     seed: int = 0
+    max_seconds: float | None = None
+    resumable: bool = True
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.keep < 1:
             raise ValueError("checkpoint_every, log_every and keep must be >= 1")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
 
     @classmethod
     def of(cls, stage: Any) -> LoopConfig:
-        """The loop of a stage config with `steps`, `checkpoint_every`, `log_every`, `seed`."""
+        """The loop of a stage config with `steps`, `checkpoint_every`, `log_every`, `seed`
+        (and `max_seconds`, `resumable` where it has them)."""
         return cls(
             steps=stage.steps,
             checkpoint_every=stage.checkpoint_every,
             log_every=stage.log_every,
             seed=stage.seed,
+            max_seconds=getattr(stage, "max_seconds", None),
+            resumable=getattr(stage, "resumable", True),
         )
 
 
@@ -186,7 +198,11 @@ def run(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpointer = Checkpointer(run_dir / CHECKPOINT_DIR, keep=config.keep)
+    checkpointer = (
+        Checkpointer(run_dir / CHECKPOINT_DIR, keep=config.keep)
+        if config.resumable
+        else _NoCheckpoints()
+    )
     state = replicate(state, mesh)
     start = 0
     if checkpointer.latest_step() is not None:
@@ -207,7 +223,7 @@ def run(
         return state
     meta = _jsonable(meta or {})
     progress = _progress(console, description, config.steps, start)
-    last = time.perf_counter()
+    last = began = time.perf_counter()
     done_since = 0
     rate = math.nan
     try:
@@ -231,11 +247,20 @@ def run(
                         f"loss {metrics['loss']:.4f} {rate:.2f} steps/s",
                         highlight=False,
                     )
-                if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                out_of_time = config.max_seconds is not None and now - began >= config.max_seconds
+                final = step + 1 == config.steps or out_of_time
+                if (step + 1) % config.checkpoint_every == 0 or final:
                     log.flush()
                     checkpointer.save(step + 1, state, {**meta, "data": batches.get_state()})
                     if on_checkpoint is not None:
                         on_checkpoint(step + 1, state)
+                if out_of_time and step + 1 < config.steps:
+                    console.print(
+                        f"{description}: stopped at step {step + 1} of {config.steps}, "
+                        f"{config.max_seconds:g} s budget spent",
+                        highlight=False,
+                    )
+                    break
     finally:
         checkpointer.wait()
         checkpointer.close()
@@ -260,6 +285,22 @@ def _jsonable(value: Any) -> Any:
         return str(x)
 
     return json.loads(json.dumps(value, default=default))
+
+
+class _NoCheckpoints:
+    """`Checkpointer`'s interface for a run that is not resumable: nothing saved or found."""
+
+    def latest_step(self) -> None:
+        return None
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        del step, state, meta
+
+    def wait(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class _Log:
