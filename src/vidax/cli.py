@@ -408,7 +408,7 @@ def _experts(spec) -> str:
 
 def _note_reading(spec, prompt: str) -> None:
     """Says how a model trained on one caption grammar reads the prompt, when it rewrites it."""
-    from vidax.text import read_prompt
+    from vidax.data import read_prompt
 
     if (read := read_prompt(spec, prompt)) != prompt:
         _stderr().print(f"prompt read as: {read!r}", highlight=False, soft_wrap=True)

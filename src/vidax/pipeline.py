@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vidax import dvg, sampling
 from vidax.checkpoint import CheckpointError, write_atomic
+from vidax.data import read_prompt
 from vidax.models.dit_stages import VideoDiT
 from vidax.models.experts import NUM_TRAIN_TIMESTEPS, TwoExperts
 from vidax.models.lora import LoraLike, merge_loras
@@ -490,6 +491,7 @@ def generate(
         text_encoder = random_text_encoder(spec)
     if prompt is not None:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = [read_prompt(spec, p) for p in prompts]  # a shapes model's caption grammar
         text = embed_prompts(spec, prompts, checkpoint, text_encoder=text_encoder)
         neg_text = embed_prompts(
             spec, [negative_prompt] * len(prompts), checkpoint, text_encoder=text_encoder

@@ -110,7 +110,11 @@ def test_tiny_causal_is_distilled_from_tiny_and_its_sparse_model_is_training_fre
     from vidax.models.registry import get as get_model
 
     preset = get("tiny-causal")
-    assert preset.base == "tiny" and preset.spec == get_model("tiny")
+    base = get_model("tiny")
+    assert preset.base == "tiny" and preset.spec.config == base.config
+    assert (preset.spec.vae, preset.spec.weights) == (base.vae, base.weights)
+    if preset.text_encoder:  # pinned: shipped beside the causal weights
+        assert (ASSETS / "tiny-causal" / "text_encoder.safetensors").is_file()
     dense = preset.weights_path("dense")
     assert dense == ASSETS / "tiny-causal" / "dense.safetensors"
     if not (ASSETS / "tiny-causal" / "sparse.safetensors").exists():
@@ -121,3 +125,27 @@ def test_tiny_causal_is_distilled_from_tiny_and_its_sparse_model_is_training_fre
         preset.weights_path("flash")
     with pytest.raises(ValueError, match="no asset folder"):
         CausalPreset(name="x", base="tiny", dense=DENSE, sparse=DENSE, vae="shapes")
+
+
+def test_a_causal_preset_can_pin_the_text_encoder_it_was_trained_with(tmp_path, monkeypatch):
+    import shutil
+
+    from vidax.models import weights
+    from vidax.models.registry import ASSETS
+
+    pinned = CausalPreset(
+        name="x", base="tiny", dense=DENSE, sparse=DENSE, weights="pin", text_encoder=True
+    )
+    assert pinned.spec.text_encoder_weights == "pin" and pinned.spec.weights == "tiny"
+    monkeypatch.setattr(weights, "ASSETS", tmp_path)
+    assert weights.missing_weights(pinned.spec, transformer=False, vae=False) == [
+        weights.TEXT_ENCODER
+    ]
+    (tmp_path / "pin").mkdir()
+    shutil.copy(ASSETS / "tiny" / "text_encoder.safetensors", tmp_path / "pin")
+    assert weights.missing_weights(pinned.spec, transformer=False, vae=False) == []
+    assert weights._text_encoder_path(pinned.spec, None) == tmp_path / "pin" / (
+        "text_encoder.safetensors"
+    )
+    with pytest.raises(ValueError, match="pins a VAE or text encoder but has no asset folder"):
+        CausalPreset(name="x", base="tiny", dense=DENSE, sparse=DENSE, text_encoder=True)

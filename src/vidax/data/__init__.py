@@ -2,10 +2,12 @@
 
 - `shapes`: `ClipSpec`/`ObjectSpec`, `sample_spec`, `render`, `caption`/`parse_caption`,
   `EVAL_PROMPTS` (the fixed set) and `random_eval_prompts` (fresh draws, `categorise`d).
+- `grammar`: `read_prompt`, a prompt in the caption grammar a model was trained on.
 - `loader`: `ClipLoader`, an infinite, seeded batch iterator resumable from (seed, step), and
   `shard_batch`, which places a batch on a mesh's ("data", "fsdp") axes.
 """
 
+from vidax.data.grammar import read_prompt
 from vidax.data.loader import (
     BATCH_AXES,
     ClipLoader,
@@ -29,6 +31,7 @@ from vidax.data.shapes import (
     EvalPrompt,
     ObjectSpec,
     camera_velocity,
+    canonical_caption,
     caption,
     categorise,
     extent,
@@ -59,6 +62,7 @@ __all__ = [
     "batch_rows",
     "batch_sharding",
     "camera_velocity",
+    "canonical_caption",
     "caption",
     "categorise",
     "clip_at",
@@ -66,6 +70,7 @@ __all__ = [
     "parse_caption",
     "parse_pan",
     "random_eval_prompts",
+    "read_prompt",
     "render",
     "sample_spec",
     "shard_batch",

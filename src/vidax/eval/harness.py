@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vidax import pipeline
+from vidax.data import read_prompt
 from vidax.data.shapes import EVAL_PROMPTS, SHAPES, EvalPrompt, render
 from vidax.metrics.evaluate import Summary, evaluate, summarise
 from vidax.metrics.scene import shapes_read
@@ -286,7 +287,8 @@ def _evaluate_causal(
     layout = causal.layout(preset.forcing(attention), (h, w))
     samples = []
     for i, (prompt, seed) in enumerate(pairs):
-        text = embed_prompts(spec, [prompt.caption], text_encoder=text_encoder)
+        caption = read_prompt(spec, prompt.caption)
+        text = embed_prompts(spec, [caption], text_encoder=text_encoder)
         context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
         latents = generate_latents(
             causal, jax.random.key(seed), context, layout, chunks, latent_hw=(h, w), channels=c

@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from vidax.data import read_prompt
 from vidax.forcing.model import CausalWan
 from vidax.forcing.rollout import ChunkStepper, StreamDecoder
 from vidax.forcing.weights import load_causal
@@ -118,7 +119,7 @@ def stream_generate(
         causal = load_causal(preset, attention, weights, random_weights=random_weights)
     vae = vae if vae is not None else spec.load_vae(random_weights=random_weights)
     layout = causal.layout(forcing, (h, w))
-    text = embed_prompts(spec, [prompt], random_weights=random_weights)
+    text = embed_prompts(spec, [read_prompt(spec, prompt)], random_weights=random_weights)
     context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
     stepper = ChunkStepper(causal, layout, latent_hw=(h, w), channels=c)
     decoder = StreamDecoder(vae)

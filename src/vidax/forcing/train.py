@@ -226,8 +226,10 @@ def teacher_solve(
     def step(j, x):
         t = jnp.full((b,), sigmas[j] * 1000.0, jnp.float32)
         v, _ = forward_chunk(teacher, x, t, context, cache, chunk, layout)
+        assert v is not None  # a prediction pass (write=False) returns the velocity
         if uncond is not None:
             v_u, _ = forward_chunk(teacher, x, t, uncond[0], uncond[1], chunk, layout)
+            assert v_u is not None
             v = v_u + guidance * (v - v_u)
         return x + (sigmas[j + 1] - sigmas[j]) * v
 

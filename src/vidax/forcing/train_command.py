@@ -88,7 +88,10 @@ def train_causal(
     ] = None,
     text_encoder: Annotated[
         Path | None,
-        typer.Option(help="The base model's text-encoder weights (default: the shipped ones)."),
+        typer.Option(
+            help="Text-encoder weights (default: the base model's when df runs, else the "
+            "causal preset's)."
+        ),
     ] = None,
     ship: Annotated[
         bool,
@@ -154,7 +157,9 @@ def train_causal(
         teacher_guidance=teacher_guidance,
         cfg_dropout=cfg_dropout,
     )
-    embedder = PromptEmbedder(spec, text_encoder)
+    # The text encoder follows the weights a run starts from: df distils the base model (its
+    # current encoder), the later stages continue causal weights (the preset's, pinned or not).
+    embedder = PromptEmbedder(get(preset.base) if "df" in stages else spec, text_encoder)
     root.mkdir(parents=True, exist_ok=True)
 
     def weights(stage: str) -> CausalWan:

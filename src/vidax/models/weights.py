@@ -387,6 +387,9 @@ def _read_text_encoder(path: str, config) -> word_encoder.WordEncoder:
 def _text_encoder_path(spec: ModelSpec, checkpoint) -> Path | None:
     if checkpoint is not None and (Path(checkpoint) / TEXT_ENCODER_FILE).is_file():
         return Path(checkpoint) / TEXT_ENCODER_FILE
+    if spec.text_encoder_weights is not None:  # pinned apart from the transformer's
+        path = ASSETS / spec.text_encoder_weights / TEXT_ENCODER_FILE
+        return path if path.exists() else None
     return shipped(spec, TEXT_ENCODER_FILE)
 
 

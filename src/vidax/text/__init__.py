@@ -10,7 +10,6 @@ from vidax.text.prompts import (
     embed_prompts,
     fit_prompt_embeds,
     load_prompt_embeds,
-    read_prompt,
 )
 
 __all__ = [
@@ -25,5 +24,4 @@ __all__ = [
     "encoder_fingerprint",
     "fit_prompt_embeds",
     "load_prompt_embeds",
-    "read_prompt",
 ]

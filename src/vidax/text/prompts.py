@@ -18,7 +18,6 @@ import numpy as np
 from flax import nnx
 
 from vidax.checkpoint import open_checkpoint
-from vidax.data.shapes import canonical_caption
 from vidax.models import umt5
 from vidax.models.registry import ModelSpec
 from vidax.models.weights import cached_text_encoder, load_text_encoder
@@ -67,9 +66,9 @@ def embed_prompts(
     `load_text_encoder` (with `random_weights`). Wan presets use umT5 when `checkpoint` (or a
     `text_encoder` path) is a diffusers pipeline folder with `text_encoder/` and `tokenizer/`.
     Other encoders (LLaVA, Qwen) are not ported: pass precomputed embeddings
-    (`load_prompt_embeds`). Each prompt is first `read_prompt`.
+    (`load_prompt_embeds`). Prompts are embedded as written (generation entry points first
+    read them into a model's caption grammar: `vidax.data.read_prompt`).
     """
-    prompts = [read_prompt(spec, p) for p in prompts]
     c = spec.config
     if spec.text_encoder == "hashed":
         if spec.text_config is not None:
@@ -102,15 +101,6 @@ def embed_prompts(
         "pipeline folder with text_encoder/ and tokenizer/ (umT5 only) or precomputed prompt "
         "embeddings (--prompt-embeds)"
     )
-
-
-def read_prompt(spec: ModelSpec, prompt: str) -> str:
-    """The prompt as the spec's text encoder reads it: for models trained on one caption
-    grammar (`ModelSpec.caption_grammar`), the prompt in that grammar where it can be read
-    without guessing; else as written."""
-    if spec.caption_grammar == "shapes":
-        return canonical_caption(prompt)
-    return prompt
 
 
 class PromptEmbedder:

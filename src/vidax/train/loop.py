@@ -293,6 +293,9 @@ class _NoCheckpoints:
     def latest_step(self) -> None:
         return None
 
+    def restore(self, state: Any) -> tuple[Any, dict[str, Any], int]:
+        raise RuntimeError("a run that is not resumable has no checkpoint to restore")
+
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         del step, state, meta
 
