@@ -227,11 +227,18 @@ def test_the_checked_in_vae_stage_loads_with_its_statistics():
 
     from vidax.train.recipe import load_recipe_vae
 
-    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    folder = Path(__file__).parents[2] / "src" / "vidax" / "assets" / "tiny"
     stats = json.loads((folder / "latent_stats.json").read_text())
     vae = load_recipe_vae(folder, "shapes")
     assert vae.config.latents_mean == tuple(stats["mean"])
     assert vae.config.latents_std == tuple(stats["std"])
+    # The shipped folder is a finished VAE stage whose statistics are the preset's.
+    from vidax.models.wan_vae import PRESETS as VAES
+
+    assert (VAES["shapes"].latents_mean, VAES["shapes"].latents_std) == (
+        vae.config.latents_mean,
+        vae.config.latents_std,
+    )
 
 
 def test_vae_from_skips_the_vae_stage_and_copies_it(tmp_path, monkeypatch):
@@ -247,7 +254,7 @@ def test_vae_from_skips_the_vae_stage_and_copies_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(recipe, "train_dit_stage", fake_dit_stage)
     monkeypatch.setattr(recipe, "train_vae_stage", lambda *a: pytest.fail("VAE stage ran"))
-    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    folder = Path(__file__).parents[2] / "src" / "vidax" / "assets" / "tiny"
     summary = train_all(tmp_path, PROFILES["smoke"], vae_from=folder, log=lambda line: None)
     stats = json.loads((folder / "latent_stats.json").read_text())
     assert calls[0][0] == tuple(stats["mean"]) and "check_only" not in calls[0][1]
@@ -299,7 +306,7 @@ def test_dit_init_continues_an_earlier_runs_weights(tmp_path, monkeypatch):
         "train_dit_stage",
         lambda *a, **kwargs: seen.append(kwargs["dit_init"]) or (None, None, {"steps": 0}),
     )
-    folder = Path(__file__).parents[2] / "checkpoints" / "tiny-v2-vae"
+    folder = Path(__file__).parents[2] / "src" / "vidax" / "assets" / "tiny"
     out = tmp_path / "out"
     summary = train_all(
         out, PROFILES["smoke"], vae_from=folder, dit_init=tmp_path, log=lambda line: None

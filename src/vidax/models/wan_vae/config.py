@@ -352,7 +352,7 @@ PRESETS: dict[str, WanVAEConfig] = {
     # 4x temporal compression, 4x spatial (33x64x64 pixels -> 9x16x16 latents), 8 latent
     # channels, a wider decoder than encoder. First trained by `vidax train vae` on
     # `vidax.data.shapes` clips, then fine-tuned at 32-64 px and 1-33 frames by the VAE stage of
-    # `vidax train all` (checkpoints/tiny-v2-vae); latents_mean/std are that stage's
+    # `vidax train all` (vidax/assets/tiny); latents_mean/std are that stage's
     # `latent_stats.json` (256 fresh 33-frame clips).
     "shapes": WanVAEConfig(
         base_dim=8,
