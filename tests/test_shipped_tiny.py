@@ -49,3 +49,29 @@ def test_generated_videos_follow_their_captions(shipped):
     # Measured: 0.92 for these weights, 0.62 for the base DiT they were fine-tuned from, 0.17
     # for the first shipped ones (same metric).
     assert np.mean(scores) >= 0.7, scores
+
+
+def test_shipped_tiny_causal_keeps_its_subjects_chunk_after_chunk(tmp_path):
+    # The first tiny-causal turned into green texture within ~20 frames; the v2 model holds
+    # its scene (the 129-frame evaluation is in vidax/assets/tiny-causal/TRAINING.md).
+    from vidax.forcing.command import stream_generate
+    from vidax.metrics import subject_consistency
+    from vidax.video import read_video
+
+    prompts = [p for p in EVAL_PROMPTS if p.category in ("static", "slow")][::2]
+    adherence, consistency = [], []
+    for prompt in prompts:
+        result = stream_generate(
+            "tiny-causal",
+            prompt.caption,
+            tmp_path / "x.mp4",
+            frames=45,  # 4 chunks: the cache past its sink
+            seed=prompt.seed,
+            attention="dense",
+        )
+        frames = read_video(result.path).astype(np.float32) / 127.5 - 1.0
+        adherence.append(caption_adherence(frames[-12:], prompt.caption))
+        consistency.append(subject_consistency(frames))
+    # Measured: adherence 1.0 for all six, subject consistency 0.90-0.99.
+    assert np.mean(adherence) >= 0.8, adherence
+    assert np.mean(consistency) >= 0.8, consistency
