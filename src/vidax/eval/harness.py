@@ -215,9 +215,9 @@ def evaluate_prompts(
         raise ValueError(f"model {model!r} has no VAE: its videos cannot be scored")
     if text_encoder is None and spec.text_config is not None:
         text_encoder = load_text_encoder(spec)
-    samples = []
-    for i, (prompt, seed) in enumerate(pairs):
-        video = pipeline.generate(
+
+    def video(prompt: EvalPrompt, seed: int) -> np.ndarray:
+        out = pipeline.generate(
             spec,
             prompt=prompt.caption,
             seed=seed,
@@ -226,13 +226,11 @@ def evaluate_prompts(
             text_encoder=text_encoder,
             **settings,
         )
-        assert video.frames is not None  # decoded: `vae` is given
-        samples.append(_score(prompt, seed, video.frames))
-        if on_sample is not None:
-            on_sample(i + 1, len(pairs))
-    refs: dict[str, list[Sample]] = {}
-    if references:
-        refs = _references(prompts, vae, settings)
+        assert out.frames is not None  # decoded: `vae` is given
+        return out.frames
+
+    samples = _generate_and_score(pairs, video, on_sample)
+    refs = _references(prompts, vae, settings) if references else {}
     return Report(model, samples, refs, settings, time.perf_counter() - start, label)
 
 
@@ -285,22 +283,34 @@ def _evaluate_causal(
         text_encoder = load_text_encoder(spec)
     _, h, w, c = spec.geometry().latent_shape(num_frames, height, width)
     layout = causal.layout(preset.forcing(attention), (h, w))
-    samples = []
-    for i, (prompt, seed) in enumerate(pairs):
-        caption = read_prompt(spec, prompt.caption)
-        text = embed_prompts(spec, [caption], text_encoder=text_encoder)
+
+    def video(prompt: EvalPrompt, seed: int) -> np.ndarray:
+        text = embed_prompts(spec, [read_prompt(spec, prompt.caption)], text_encoder=text_encoder)
         context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
         latents = generate_latents(
             causal, jax.random.key(seed), context, layout, chunks, latent_hw=(h, w), channels=c
         )
-        frames = np.clip((np.asarray(vae.decode(latents))[0] + 1.0) / 2.0, 0.0, 1.0)
-        samples.append(_score(prompt, seed, frames, last_quarter=True))
+        return np.clip((np.asarray(vae.decode(latents))[0] + 1.0) / 2.0, 0.0, 1.0)
+
+    samples = _generate_and_score(pairs, video, on_sample, last_quarter=True)
+    refs = _references(prompts, vae, settings) if references else {}
+    return Report(model, samples, refs, settings, time.perf_counter() - start, label)
+
+
+def _generate_and_score(
+    pairs: Sequence[tuple[EvalPrompt, int]],
+    video: Callable[[EvalPrompt, int], np.ndarray],
+    on_sample: Callable[[int, int], None] | None,
+    *,
+    last_quarter: bool = False,
+) -> list[Sample]:
+    """`video(prompt, seed)` -> (t, h, w, 3) frames in [0, 1] for every pair, scored."""
+    samples = []
+    for i, (prompt, seed) in enumerate(pairs):
+        samples.append(_score(prompt, seed, video(prompt, seed), last_quarter=last_quarter))
         if on_sample is not None:
             on_sample(i + 1, len(pairs))
-    refs: dict[str, list[Sample]] = {}
-    if references:
-        refs = _references(prompts, vae, settings)
-    return Report(model, samples, refs, settings, time.perf_counter() - start, label)
+    return samples
 
 
 def _score(
