@@ -251,6 +251,8 @@ def test_non_finite_latents_stop_with_the_step(tmp_path):
         (["eval", "--model", "tiny-causal", "--weights", "."], "--weights does not apply"),
         (["eval", "--model", "tiny-causal", "--frames", "13"], "--frames 13 gives 4 latent"),
         (["eval", "--model", "tiny-causal", "--steps", "4"], "do not apply to the causal"),
+        (["eval", "--model", "tiny-causal", "--guidance", "0.5"], "guidance must be >= 1"),
+        (["eval", "--attention", "dense"], "--attention applies to causal models only"),
         (["plan", "--topology", "v5e:2x4", "--size", "480"], "--size must be HEIGHTxWIDTH"),
         (["train", "export", "--vae-run", "/nonexistent"], "not found: train both stages"),
     ],

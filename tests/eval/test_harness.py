@@ -172,9 +172,11 @@ def test_evaluate_prompts_rolls_a_causal_model_out_and_scores_its_last_quarter()
         references=True,
         num_frames=21,  # two chunks of 3 latent frames
         attention="dense",
+        guidance=2.0,
     )
     assert report.settings == {
         "num_frames": 21, "height": 64, "width": 64, "attention": "dense", "chunks": 2,
+        "guidance": 2.0,
     }  # fmt: skip
     sample = report.samples[0]
     assert sample.frames.shape == (21, 64, 64, 3)
@@ -187,7 +189,7 @@ def test_evaluate_prompts_rolls_a_causal_model_out_and_scores_its_last_quarter()
         causal,
         jax.random.key(prompt.seed),
         context,
-        causal.layout(preset.dense, (16, 16)),
+        causal.layout(dataclasses.replace(preset.dense, guidance=2.0), (16, 16)),
         2,
         latent_hw=(16, 16),
         channels=8,
@@ -200,5 +202,7 @@ def test_evaluate_prompts_rolls_a_causal_model_out_and_scores_its_last_quarter()
     assert "| last_quarter_subject_consistency |" in format_table(report)
     with pytest.raises(ValueError, match="do not apply to the causal model"):
         evaluate_prompts("tiny-causal", prompts=[prompt], steps=4)
+    with pytest.raises(ValueError, match="guidance must be >= 1"):
+        evaluate_prompts("tiny-causal", prompts=[prompt], guidance=0.5, num_frames=21)
     with pytest.raises(ValueError, match="--frames 13 gives 4 latent frames"):
         evaluate_prompts("tiny-causal", prompts=[prompt], num_frames=13)

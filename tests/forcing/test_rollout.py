@@ -26,8 +26,17 @@ DENSE = ForcingConfig(
 
 
 def _uncached_rollout(model, key, context, cfg: ForcingConfig, num_chunks: int):
-    """The same sampler, every forward a full-sequence block-causal pass (no cache)."""
-    full = jax.jit(lambda x, t: forward_full(model, x, t, context, cfg))
+    """The same sampler, every forward a full-sequence block-causal pass (no cache); guided
+    configs combine the prompt's and the empty caption's passes over the same past."""
+    cond = jax.jit(lambda x, t: forward_full(model, x, t, context, cfg))
+    empty = jax.jit(lambda x, t: forward_full(model, x, t, jnp.zeros_like(context), cfg))
+
+    def full(x, t):
+        if not cfg.guided:
+            return cond(x, t)
+        v_u = empty(x, t)
+        return v_u + cfg.guidance * (cond(x, t) - v_u)
+
     sigmas = cfg.sigmas
     b, f = context.shape[0], cfg.chunk_frames
     video = []
@@ -57,6 +66,25 @@ def test_cached_rollout_equals_uncached_block_causal(small_model, context):
         small_model, jax.random.key(4), context, layout, 3, latent_hw=HW, channels=C
     )
     assert float(jnp.abs(other - cached).max()) > 1e-2
+
+
+def test_guided_rollout_equals_uncached_cfg(small_model, context):
+    """guidance > 1: each step v_u + g (v_c - v_u), the empty caption's rows beside the
+    prompt's in one cache of twice the batch, both conditioned on the same generated past."""
+    guided = dataclasses.replace(DENSE, guidance=2.5)
+    layout = small_model.layout(guided, HW)
+    # (layers, batch, ...) leaves: two cache rows per video.
+    assert {x.shape[1] for x in jax.tree.leaves(small_model.init_cache(layout, 1))} == {2}
+    key = jax.random.key(3)
+    cached = generate_latents(small_model, key, context, layout, 3, latent_hw=HW, channels=C)
+    uncached = _uncached_rollout(small_model, key, context, guided, 3)
+    np.testing.assert_allclose(cached, uncached, atol=5e-4, rtol=5e-4)
+    plain = generate_latents(
+        small_model, key, context, small_model.layout(DENSE, HW), 3, latent_hw=HW, channels=C
+    )
+    assert float(jnp.abs(plain - cached).max()) > 1e-2
+    with pytest.raises(ValueError, match="guidance must be >= 1"):
+        dataclasses.replace(DENSE, guidance=0.5)
 
 
 def test_partial_blocks_do_not_change_the_dense_rollout(small_model, context):

@@ -200,6 +200,8 @@ def test_guided_teacher_solves_with_the_cfg_velocity(small_model, context):
         StageConfig(kind="self_forcing", forcing=DENSE, teacher_forcing=DENSE, teacher_guidance=0.5)
     with pytest.raises(ValueError, match="cfg_dropout must be in"):
         StageConfig(kind="diffusion_forcing", forcing=DENSE, cfg_dropout=1.0)
+    with pytest.raises(ValueError, match="guidance is inference-only"):
+        StageConfig(kind="diffusion_forcing", forcing=dataclasses.replace(DENSE, guidance=3.0))
 
 
 def test_guided_self_forcing_loss_runs_and_differs_from_unguided(small_model, context):

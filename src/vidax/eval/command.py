@@ -59,8 +59,9 @@ def evaluate(
     ] = None,
     fixed: Annotated[bool, typer.Option(help="Score the fixed prompt set.")] = True,
     attention: Annotated[
-        str, typer.Option(help="Causal models: 'sparse' (Sparse Forcing) or 'dense'.")
-    ] = "sparse",
+        str | None,
+        typer.Option(help="Causal models: 'sparse' (Sparse Forcing, the default) or 'dense'."),
+    ] = None,
 ) -> None:
     """Score a model on the fixed prompt set and/or fresh random prompts: metric tables
     (mean ± std, per category, with reference rows) and a contact sheet."""
@@ -79,9 +80,11 @@ def evaluate(
     if random:
         sets.append((f"random {random} from seed {seed}", random_eval_prompts(random, seed)))
     causal = is_causal(model)
+    if attention is not None and not causal:
+        raise ValueError(f"--attention applies to causal models only, not {model!r}")
     if causal:
         transformer, vae, text_encoder = _causal_parts(
-            model, weights, frames, height, width, attention
+            model, weights, frames, height, width, attention or "sparse"
         )
     else:
         transformer, vae, text_encoder = _parts(model, weights, frames, height, width)
@@ -108,7 +111,7 @@ def evaluate(
                 num_frames=frames,
                 height=height,
                 width=width,
-                **({"attention": attention} if causal else {}),
+                attention=attention or "sparse",
             )
         )
         typer.echo("", err=True)

@@ -140,13 +140,16 @@ def evaluate_prompts(
     shift: float | None = None,
     sampler: str | None = None,
     attention: str = "sparse",
+    forcing_overrides: dict[str, Any] | None = None,
 ) -> Report:
     """Generates every (prompt, seed) video with `vidax.pipeline.generate` and scores it.
 
     A causal preset (`tiny-causal`) generates chunk by chunk instead, the latents `vidax
     generate --stream --set attention=<attention>` makes for the same prompt and seed, with its
-    shipped causal weights (`transformer`: an already-loaded `CausalWan`); its samples also
-    carry `LAST_QUARTER_METRICS`. `steps`, `guidance`, `shift`, `sampler` do not apply to it.
+    shipped causal weights (`transformer`: an already-loaded `CausalWan`), its `ForcingConfig`
+    edited by `forcing_overrides` (`--set`, e.g. {"guidance": 3.0}); its samples also carry
+    `LAST_QUARTER_METRICS`. `guidance` sets its `ForcingConfig.guidance`; `steps`, `shift`,
+    `sampler` do not apply to it.
 
     Args:
         model: preset name (its shipped weights unless `transformer`/`vae` are given).
@@ -166,11 +169,13 @@ def evaluate_prompts(
         A `Report`.
     """
     if is_causal(model):
-        if any(x is not None for x in (steps, guidance, shift, sampler)):
+        if any(x is not None for x in (steps, shift, sampler)):
             raise ValueError(
-                f"steps, guidance, shift and sampler do not apply to the causal model {model!r} "
-                "(its own few-step schedule, no classifier-free guidance)"
+                f"steps, shift and sampler do not apply to the causal model {model!r} (its own "
+                "few-step schedule; guidance sets its ForcingConfig.guidance)"
             )
+        if guidance is not None:
+            forcing_overrides = {**(forcing_overrides or {}), "guidance": guidance}
         return _evaluate_causal(
             model,
             prompts=prompts,
@@ -185,7 +190,10 @@ def evaluate_prompts(
             height=height,
             width=width,
             attention=attention,
+            forcing_overrides=forcing_overrides,
         )
+    if forcing_overrides:
+        raise ValueError(f"forcing_overrides apply to causal models only, not {model!r}")
     spec = get(model)
     pairs = prompt_seeds(prompts, seeds)
     d = spec.defaults
@@ -249,6 +257,7 @@ def _evaluate_causal(
     height: int | None,
     width: int | None,
     attention: str,
+    forcing_overrides: dict[str, Any] | None,
 ) -> Report:
     """`evaluate_prompts` for a causal preset: chunk-by-chunk rollouts, batch 1 per video."""
     import jax
@@ -267,13 +276,24 @@ def _evaluate_causal(
     if min(height, width) < 16:
         raise ValueError(f"height and width must be >= 16, got {height}x{width}")
     # The one-line reasons `vidax generate --stream` gives, before anything loads.
-    chunks = check(preset, frames=num_frames, height=height, width=width, attention=attention)
+    chunks = check(
+        preset,
+        frames=num_frames,
+        height=height,
+        width=width,
+        attention=attention,
+        forcing_overrides=forcing_overrides,
+    )
+    forcing = preset.forcing(attention)
+    if forcing_overrides:
+        forcing = dataclasses.replace(forcing, **forcing_overrides)
     settings: dict[str, Any] = {
         "num_frames": num_frames,
         "height": height,
         "width": width,
         "attention": attention,
         "chunks": chunks,
+        **(forcing_overrides or {}),
     }
     pairs = prompt_seeds(prompts, seeds)
     start = time.perf_counter()
@@ -282,7 +302,7 @@ def _evaluate_causal(
     if text_encoder is None and spec.text_config is not None:
         text_encoder = load_text_encoder(spec)
     _, h, w, c = spec.geometry().latent_shape(num_frames, height, width)
-    layout = causal.layout(preset.forcing(attention), (h, w))
+    layout = causal.layout(forcing, (h, w))
 
     def video(prompt: EvalPrompt, seed: int) -> np.ndarray:
         text = embed_prompts(spec, [read_prompt(spec, prompt.caption)], text_encoder=text_encoder)

@@ -86,11 +86,13 @@ class CausalWan(nnx.Module):
         return forcing.layout((h // ph, w // pw))
 
     def init_cache(self, layout: CacheLayout, batch: int) -> KVCache:
+        """The empty cache of `batch` videos (2 * batch rows when the layout's config is
+        guided: the unconditional branch's rows follow the prompts')."""
         c = self.config
         return init_cache(
             layout,
             num_layers=c.num_layers,
-            batch=batch,
+            batch=2 * batch if layout.config.guided else batch,
             num_heads=c.num_heads,
             head_dim=c.head_dim,
             dtype=c.compute_dtype,

@@ -62,16 +62,29 @@ def sample_chunk(
 
     Returns:
       (x0 (b, chunk_frames, h, w, c) float32, the cache with the chunk written).
+
+    With `layout.config.guidance` > 1 the cache holds 2b rows (`CausalWan.init_cache`): the
+    prompts', then the empty caption's; each step's velocity is v_u + g (v_c - v_u) and the
+    clean pass writes the chunk to both.
     """
     TRACE_COUNT["sample_chunk"] += 1
     cfg = layout.config
     sigmas = jnp.asarray(cfg.sigmas)
     b = noise.shape[1]
     last = cfg.num_steps - 1 if exit_step is None else exit_step
+    rows = 2 if cfg.guided else 1
+    if cfg.guided:
+        context = jnp.concatenate([context, jnp.zeros_like(context)])
 
     def velocity(x, i):
-        t = jnp.full((b,), sigmas[i] * 1000.0, jnp.float32)
-        v, _ = forward_chunk(model, x, t, context, cache, chunk, layout)
+        t = jnp.full((rows * b,), sigmas[i] * 1000.0, jnp.float32)
+        v, _ = forward_chunk(
+            model, jnp.tile(x, (rows, 1, 1, 1, 1)), t, context, cache, chunk, layout
+        )
+        assert v is not None  # a prediction pass returns the velocity
+        if cfg.guided:
+            v_c, v_u = v[:b], v[b:]
+            v = v_u + cfg.guidance * (v_c - v_u)
         return v
 
     def step(i, x):
@@ -80,7 +93,7 @@ def sample_chunk(
 
     x = jax.lax.fori_loop(0, last, step, noise[0])
     x0 = predict_x0(x, sigmas[last], velocity(x, last))
-    cache = write_clean(model, x0, context, cache, chunk, layout)
+    cache = write_clean(model, jnp.tile(x0, (rows, 1, 1, 1, 1)), context, cache, chunk, layout)
     return x0, cache
 
 

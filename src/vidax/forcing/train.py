@@ -134,6 +134,11 @@ class StageConfig:
             raise ValueError(f"cfg_dropout must be in [0, 1), got {self.cfg_dropout}")
         if not self.teacher_guidance >= 1.0:
             raise ValueError(f"teacher_guidance must be >= 1, got {self.teacher_guidance}")
+        if self.forcing.guided or (self.teacher_forcing and self.teacher_forcing.guided):
+            raise ValueError(
+                "ForcingConfig.guidance is inference-only: a stage trains unguided forward "
+                "passes (for a guided teacher use teacher_guidance)"
+            )
         if self.kind == "self_forcing":
             if self.teacher_forcing is None or self.teacher_forcing.sparse:
                 raise ValueError("self_forcing needs a dense teacher_forcing config")
@@ -635,7 +640,8 @@ def tiny_causal_stages(
     the exported weights (see `StageConfig`).
     """
     preset = get_causal("tiny-causal")
-    dense, sparse = preset.dense, preset.sparse
+    # The preset's inference guidance is not a training setting: stages run unguided passes.
+    dense, sparse = (dataclasses.replace(c, guidance=1.0) for c in (preset.dense, preset.sparse))
     rollout: dict[str, Any] = dict(
         kind="self_forcing",
         batch_size=batch_size,

@@ -63,6 +63,10 @@ class ForcingConfig:
         ("auto", "reference", "tpu", "triton"), or "gather" (gather + batched matmuls in XLA,
         `vidax.forcing.attention.gather_attention`: the fast path on a CPU). "auto" is the
         kernel on a GPU/TPU and "gather" on a CPU.
+      guidance: classifier-free guidance of each denoising step at inference (1: none, the
+        Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same
+        batch with a cache of its own (twice the cache and compute):
+        v = v_u + guidance (v_c - v_u).
     """
 
     chunk_frames: int = 3
@@ -81,8 +85,16 @@ class ForcingConfig:
     salience_decay: float = 0.9
     query_tile: int | None = None
     pbsa_backend: str = "auto"
+    guidance: float = 1.0
+
+    @property
+    def guided(self) -> bool:
+        """Whether steps run classifier-free guided (a second, unconditional cache row)."""
+        return self.guidance != 1.0
 
     def __post_init__(self):
+        if not self.guidance >= 1.0:
+            raise ValueError(f"ForcingConfig.guidance must be >= 1, got {self.guidance}")
         ints = ("chunk_frames", "block_size")
         for name in ints:
             if getattr(self, name) < 1:
