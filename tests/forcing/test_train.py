@@ -170,29 +170,35 @@ def test_stage_conditions_on_the_given_embedder_and_exports_bfloat16(small_model
 
 
 def test_guided_teacher_solves_with_the_cfg_velocity(small_model, context):
-    """teacher_guidance: v_u + g (v_c - v_u), each branch through its own cache."""
+    """teacher_guidance: v_u + g (v_c - v_u), the branches as rows of one guided cache, equal
+    to each branch through its own unguided cache."""
     from vidax.forcing.model import forward_chunk
-    from vidax.forcing.rollout import write_clean
+    from vidax.forcing.rollout import guided_context, write_clean
     from vidax.forcing.train import teacher_solve
 
     layout = small_model.layout(DENSE, HW)
+    guided_layout = small_model.layout(dataclasses.replace(DENSE, guidance=3.0), HW)
     empty = jnp.zeros_like(context)
     past = jax.random.normal(jax.random.key(3), (1, 1, *HW, C))
     caches = [
         write_clean(small_model, past, ctx, small_model.init_cache(layout, 1), 0, layout)
         for ctx in (context, empty)
     ]
+    both = guided_context(context, guided_layout)
+    guided_cache = small_model.init_cache(guided_layout, 1)
+    guided_cache = write_clean(small_model, past, both, guided_cache, 0, guided_layout)
     x = jax.random.normal(jax.random.key(4), (1, 1, *HW, C))
-    t = jnp.asarray(800.0)
-    args = (small_model, x, t, context, caches[0], jnp.asarray(1), layout)
-    guided = teacher_solve(*args, steps=1, shift=3.0, guidance=3.0, uncond=(empty, caches[1]))
-    plain = teacher_solve(*args, steps=1, shift=3.0)
+    t, one = jnp.asarray(800.0), jnp.asarray(1)
+    guided = teacher_solve(
+        small_model, x, t, both, guided_cache, one, guided_layout, steps=1, shift=3.0
+    )
+    plain = teacher_solve(small_model, x, t, context, caches[0], one, layout, steps=1, shift=3.0)
     from vidax.sampling import shift_sigmas
 
     s0 = shift_sigmas(jnp.asarray(0.8), 3.0)
     ts = jnp.full((1,), s0 * 1000.0)
-    v_c, _ = forward_chunk(small_model, x, ts, context, caches[0], jnp.asarray(1), layout)
-    v_u, _ = forward_chunk(small_model, x, ts, empty, caches[1], jnp.asarray(1), layout)
+    v_c, _ = forward_chunk(small_model, x, ts, context, caches[0], one, layout)
+    v_u, _ = forward_chunk(small_model, x, ts, empty, caches[1], one, layout)
     np.testing.assert_allclose(guided, x - s0 * (v_u + 3.0 * (v_c - v_u)), atol=1e-5)
     np.testing.assert_allclose(plain, x - s0 * v_c, atol=1e-5)
     assert float(jnp.abs(guided - plain).max()) > 1e-3  # the branches differ
@@ -209,8 +215,9 @@ def test_guided_self_forcing_loss_runs_and_differs_from_unguided(small_model, co
     lay = small_model.layout(DENSE, HW)
     common = dict(num_chunks=2, teacher_steps=1, latent_hw=HW, channels=C)
     key = jax.random.key(5)
+    guided_lay = small_model.layout(dataclasses.replace(DENSE, guidance=4.0), HW)
     plain, _ = self_forcing_loss(graphdef, params, params, context, key, lay, lay, **common)
-    guided, _ = self_forcing_loss(
-        graphdef, params, params, context, key, lay, lay, teacher_guidance=4.0, **common
-    )
+    guided, _ = self_forcing_loss(graphdef, params, params, context, key, lay, guided_lay, **common)
     assert np.isfinite(float(guided)) and float(guided) != pytest.approx(float(plain))
+    with pytest.raises(ValueError, match="student samples unguided"):
+        self_forcing_loss(graphdef, params, params, context, key, guided_lay, lay, **common)

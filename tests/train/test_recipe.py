@@ -314,3 +314,41 @@ def test_dit_init_continues_an_earlier_runs_weights(tmp_path, monkeypatch):
     assert seen == [tmp_path] and summary["dit_init"] == str(tmp_path)
     with pytest.raises(ValueError, match="dit_init needs vae_from"):
         train_all(out, PROFILES["smoke"], dit_init=tmp_path, log=lambda line: None)
+
+
+def test_decoder_only_vae_stage_keeps_the_encoder_and_its_statistics(tmp_path):
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    profile = get_profile("smoke", vae_decoder_only=True)
+    summary = train_all(tmp_path, profile, vae_only=True, log=lambda line: None)
+    assert summary["vae"]["steps"] == 3 and "dit" not in summary
+    assert not (tmp_path / "transformer.safetensors").exists()
+    shipped = Path(profile.vae_init)
+    before, after = load_file(shipped), load_file(tmp_path / "vae.safetensors")
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    # Every decoder-side tensor may move (the EMA of 3 steps); nothing before the latent does.
+    assert changed and all(k.startswith(("decoder.", "post_quant_conv.")) for k in changed)
+    assert (tmp_path / "latent_stats.json").read_text() == (
+        shipped.parent / "latent_stats.json"
+    ).read_text()
+
+    with pytest.raises(ValueError, match="needs vae_init"):
+        dataclasses.replace(profile, vae_init=None)
+    with pytest.raises(FileNotFoundError, match=r"latent_stats\.json"):
+        no_stats = tmp_path / "bare"
+        no_stats.mkdir()
+        (no_stats / "vae.safetensors").write_bytes(shipped.read_bytes())
+        dataclasses.replace(profile, vae_init=str(no_stats / "vae.safetensors"))
+    with pytest.raises(ValueError, match="vae_only"):
+        train_all(tmp_path, profile, vae_only=True, vae_from=shipped.parent)
+
+
+def test_vae_buckets_restrict_the_vae_stage_by_name():
+    profile = get_profile("h200", vae_buckets=["33x32x32", "33x64x64"], batch_scale=0.5)
+    assert [(b.name, b.batch) for b in profile.vae.buckets] == [("33x32x32", 12), ("33x64x64", 4)]
+    assert profile.dit == get_profile("h200", batch_scale=0.5).dit
+    with pytest.raises(ValueError, match=r"unknown VAE bucket.*3x3x3.*has 1x64x64"):
+        get_profile("h200", vae_buckets=["33x64x64", "3x3x3"])

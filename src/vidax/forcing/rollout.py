@@ -28,7 +28,7 @@ from jaxtyping import Array, Float
 from vidax.forcing.cache import KVCache
 from vidax.forcing.model import CausalWan, forward_chunk
 from vidax.models.causal import CacheLayout
-from vidax.sampling import predict_x0, renoise
+from vidax.sampling import cfg_combine, predict_x0, renoise
 
 # Test hook: incremented each time `sample_chunk` is traced (or run eagerly).
 TRACE_COUNT = {"sample_chunk": 0}
@@ -64,28 +64,17 @@ def sample_chunk(
       (x0 (b, chunk_frames, h, w, c) float32, the cache with the chunk written).
 
     With `layout.config.guidance` > 1 the cache holds 2b rows (`CausalWan.init_cache`): the
-    prompts', then the empty caption's; each step's velocity is v_u + g (v_c - v_u) and the
-    clean pass writes the chunk to both.
+    prompts', then the empty caption's; each step's velocity is guided (`chunk_velocity`) and
+    the clean pass writes the chunk to both.
     """
     TRACE_COUNT["sample_chunk"] += 1
     cfg = layout.config
     sigmas = jnp.asarray(cfg.sigmas)
-    b = noise.shape[1]
     last = cfg.num_steps - 1 if exit_step is None else exit_step
-    rows = 2 if cfg.guided else 1
-    if cfg.guided:
-        context = jnp.concatenate([context, jnp.zeros_like(context)])
+    context = guided_context(context, layout)
 
     def velocity(x, i):
-        t = jnp.full((rows * b,), sigmas[i] * 1000.0, jnp.float32)
-        v, _ = forward_chunk(
-            model, jnp.tile(x, (rows, 1, 1, 1, 1)), t, context, cache, chunk, layout
-        )
-        assert v is not None  # a prediction pass returns the velocity
-        if cfg.guided:
-            v_c, v_u = v[:b], v[b:]
-            v = v_u + cfg.guidance * (v_c - v_u)
-        return v
+        return chunk_velocity(model, x, sigmas[i], context, cache, chunk, layout)
 
     def step(i, x):
         x0 = predict_x0(x, sigmas[i], velocity(x, i))
@@ -93,12 +82,46 @@ def sample_chunk(
 
     x = jax.lax.fori_loop(0, last, step, noise[0])
     x0 = predict_x0(x, sigmas[last], velocity(x, last))
-    cache = write_clean(model, jnp.tile(x0, (rows, 1, 1, 1, 1)), context, cache, chunk, layout)
-    return x0, cache
+    return x0, write_clean(model, x0, context, cache, chunk, layout)
+
+
+def guided_context(context: Float[Array, "b s e"], layout: CacheLayout) -> jax.Array:
+    """The context `chunk_velocity` and `write_clean` take: with a guided layout, the empty
+    caption's (zero) rows after the prompts' (2b rows, as its cache has); else `context`."""
+    if not layout.config.guided:
+        return context
+    return jnp.concatenate([context, jnp.zeros_like(context)])
+
+
+def chunk_velocity(
+    model: CausalWan,
+    x: Float[Array, "b t h w c"],
+    sigma: jax.Array,
+    context: jax.Array,
+    cache: KVCache,
+    chunk: jax.Array,
+    layout: CacheLayout,
+) -> Float[Array, "b t h w c"]:
+    """The velocity of chunk `x` at noise level `sigma` given the cache.
+
+    With a guided layout (`ForcingConfig.guidance` > 1) one pass over [x; x] with
+    `guided_context`'s [prompts; empty] against the cache's 2b rows, combined by
+    classifier-free guidance v_u + g (v_c - v_u).
+    """
+    cfg = layout.config
+    b = x.shape[0]
+    rows = 2 if cfg.guided else 1
+    t = jnp.full((rows * b,), sigma * 1000.0, jnp.float32)
+    v, _ = forward_chunk(model, jnp.tile(x, (rows, 1, 1, 1, 1)), t, context, cache, chunk, layout)
+    assert v is not None  # a prediction pass returns the velocity
+    return cfg_combine(v[:b], v[b:], cfg.guidance) if cfg.guided else v
 
 
 def write_clean(model, x0, context, cache, chunk, layout: CacheLayout) -> KVCache:
-    """The clean pass: re-encodes the finished chunk at `context_timestep` into the cache."""
+    """The clean pass: re-encodes the finished chunk at `context_timestep` into the cache (into
+    both branches' rows of a guided layout's, `context` from `guided_context`)."""
+    if layout.config.guided:
+        x0 = jnp.tile(x0, (2, 1, 1, 1, 1))
     t = jnp.full((x0.shape[0],), layout.config.context_timestep, jnp.float32)
     _, cache = forward_chunk(model, x0, t, context, cache, chunk, layout, write=True)
     return cache

@@ -39,8 +39,8 @@ from flax import nnx
 
 from vidax.data import ClipLoader, LoaderConfig
 from vidax.forcing.cache import KVCache
-from vidax.forcing.model import CausalWan, forward_chunk, forward_full, save
-from vidax.forcing.rollout import chunk_noise, write_clean
+from vidax.forcing.model import CausalWan, forward_full, save
+from vidax.forcing.rollout import chunk_noise, chunk_velocity, guided_context, write_clean
 from vidax.models.causal import CacheLayout, ForcingConfig
 from vidax.models.registry import get_causal
 from vidax.sampling import predict_x0, renoise, shift_sigmas
@@ -75,8 +75,9 @@ class StageConfig:
       rollout_chunks: self_forcing: chunks generated per training video.
       teacher_steps: self_forcing: Euler steps of the teacher from the exit noise level to 0.
       teacher_guidance: self_forcing: classifier-free guidance scale of the teacher's
-        velocity (1: unguided; > 1 adds an unconditional teacher pass with its own cache, so
-        the student, sampled without guidance, learns the guided solution).
+        velocity (1: unguided; > 1 guides the teacher's layout: its passes run the empty
+        caption's rows beside the prompts', so the student, sampled without guidance, learns
+        the guided solution).
       latent_hw, channels: self_forcing: latent frame size (h, w) and channels.
       optim: optimiser settings; `optim.lr` is the sparse-attention heads' rate.
       backbone_lr_multiplier: learning-rate factor of everything but the sparse heads (the
@@ -214,28 +215,19 @@ def teacher_solve(
     *,
     steps: int,
     shift: float,
-    guidance: float = 1.0,
-    uncond: tuple[jax.Array, KVCache] | None = None,
 ) -> jax.Array:
     """The teacher's Euler ODE solution from chunk `x` at `timestep` (unshifted, x1000) to 0.
 
     Noise levels shift(u (1 - j / steps)) for j = 0..steps, u = timestep / 1000, the schedule
-    the student's few steps are a subset of. With `uncond` (the empty caption's context and
-    the teacher's cache written under it), the velocity is classifier-free guided:
-    v_u + guidance (v_c - v_u).
+    the student's few steps are a subset of. A guided `layout` (the stage's `teacher_guidance`)
+    guides every velocity (`chunk_velocity`; `context` from `guided_context`, the cache with
+    both branches' rows).
     """
     u = timestep / 1000.0
     sigmas = shift_sigmas(u * (1.0 - jnp.arange(steps + 1, dtype=jnp.float32) / steps), shift)
-    b = x.shape[0]
 
     def step(j, x):
-        t = jnp.full((b,), sigmas[j] * 1000.0, jnp.float32)
-        v, _ = forward_chunk(teacher, x, t, context, cache, chunk, layout)
-        assert v is not None  # a prediction pass (write=False) returns the velocity
-        if uncond is not None:
-            v_u, _ = forward_chunk(teacher, x, t, uncond[0], uncond[1], chunk, layout)
-            assert v_u is not None
-            v = v_u + guidance * (v - v_u)
+        v = chunk_velocity(teacher, x, sigmas[j], context, cache, chunk, layout)
         return x + (sigmas[j + 1] - sigmas[j]) * v
 
     return jax.lax.fori_loop(0, steps, step, x)
@@ -254,7 +246,6 @@ def self_forcing_loss(
     teacher_steps: int,
     latent_hw: tuple[int, int],
     channels: int,
-    teacher_guidance: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Self-rollout loss: regress the exit step of each self-generated chunk onto the teacher.
 
@@ -264,19 +255,21 @@ def self_forcing_loss(
       teacher_params: the frozen teacher's state (same graphdef).
       context: (b, s, text_dim) text embeddings.
       key: noise and exit step.
-      layout: the student's cache layout (dense or sparse).
-      teacher_layout: the teacher's (dense) cache layout.
+      layout: the student's cache layout (dense or sparse), unguided.
+      teacher_layout: the teacher's (dense) cache layout; guided when its config's guidance
+        is > 1 (the stage's `teacher_guidance`: the student, sampled without guidance, learns
+        the guided solution).
       num_chunks: chunks per video.
       teacher_steps: Euler steps of the teacher's solution.
       latent_hw, channels: latent frame size and channels.
-      teacher_guidance: the teacher's classifier-free guidance scale (1: unguided; else an
-        unconditional teacher pass on zero context, with its own dense cache).
 
     Returns:
       (scalar loss, metrics: exit step and the mean squared distance to the teacher per chunk
       index).
     """
     cfg = layout.config
+    if cfg.guided:
+        raise ValueError("the student samples unguided: guide the teacher's layout instead")
     student = nnx.merge(graphdef, params)
     frozen = nnx.merge(graphdef, jax.lax.stop_gradient(params))
     teacher = nnx.merge(graphdef, jax.lax.stop_gradient(teacher_params))
@@ -286,17 +279,13 @@ def self_forcing_loss(
     k_exit, k_noise = jax.random.split(key)
     exit_step = jax.random.randint(k_exit, (), 0, cfg.num_steps)
     t_exit = jnp.asarray(cfg.timesteps, jnp.float32)[exit_step]
+    teacher_context = guided_context(context, teacher_layout)
 
     def velocity(model, x, i, cache, chunk):
-        t = jnp.full((b,), sigmas[i] * 1000.0, jnp.float32)
-        v, _ = forward_chunk(model, x, t, context, cache, chunk, layout)
-        return v
-
-    guided = teacher_guidance != 1.0
-    empty = jnp.zeros_like(context)
+        return chunk_velocity(model, x, sigmas[i], context, cache, chunk, layout)
 
     def body(carry, chunk):
-        cache, teacher_cache, uncond_cache = carry
+        cache, teacher_cache = carry
         noise = chunk_noise(jax.random.fold_in(k_noise, chunk), shape, cfg.num_steps)
 
         def no_grad_step(i, x):
@@ -309,26 +298,22 @@ def self_forcing_loss(
             teacher,
             x,
             t_exit,
-            context,
+            teacher_context,
             teacher_cache,
             chunk,
             teacher_layout,
             steps=teacher_steps,
             shift=cfg.shift,
-            guidance=teacher_guidance,
-            uncond=(empty, uncond_cache) if guided else None,
         )
         err = jnp.mean(jnp.square(x0 - jax.lax.stop_gradient(target)))
         clean = jax.lax.stop_gradient(x0)
         cache = write_clean(frozen, clean, context, cache, chunk, layout)
-        teacher_cache = write_clean(teacher, clean, context, teacher_cache, chunk, teacher_layout)
-        if guided:
-            uncond_cache = write_clean(teacher, clean, empty, uncond_cache, chunk, teacher_layout)
-        return (cache, teacher_cache, uncond_cache), err
+        teacher_cache = write_clean(
+            teacher, clean, teacher_context, teacher_cache, chunk, teacher_layout
+        )
+        return (cache, teacher_cache), err
 
-    # Unguided, the unconditional cache is an unused placeholder (the teacher's, never written).
-    teacher_cache = teacher.init_cache(teacher_layout, b)
-    carry = (frozen.init_cache(layout, b), teacher_cache, teacher_cache)
+    carry = (frozen.init_cache(layout, b), teacher.init_cache(teacher_layout, b))
     carry = jax.lax.stop_gradient(carry)
     _, errs = jax.lax.scan(body, carry, jnp.arange(num_chunks, dtype=jnp.int32))
     return errs.mean(), {"exit_step": exit_step, "first_chunk": errs[0], "last_chunk": errs[-1]}
@@ -543,7 +528,11 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     else:
         layout = config.forcing.layout(_grid(wan, config.latent_hw))
         assert config.teacher_forcing is not None  # StageConfig requires it for self_forcing
-        teacher_layout = config.teacher_forcing.layout(_grid(wan, config.latent_hw))
+        # The teacher's guidance lives in its layout (its cache then holds both branches).
+        teacher_forcing = dataclasses.replace(
+            config.teacher_forcing, guidance=config.teacher_guidance
+        )
+        teacher_layout = teacher_forcing.layout(_grid(wan, config.latent_hw))
 
         def loss_fn(params, batch, key):
             return self_forcing_loss(
@@ -558,7 +547,6 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
                 teacher_steps=config.teacher_steps,
                 latent_hw=config.latent_hw,
                 channels=config.channels,
-                teacher_guidance=config.teacher_guidance,
             )
 
     step = make_step(

@@ -4,14 +4,15 @@
   `init(x)` and `step(state, i, x, v)`; `make_solver(name, num_steps, shift)` builds one by name.
 - `sample` / `sample_steps`: the `lax.fori_loop` over solver steps.
 - `step_cache`: skip forwards whose output barely changes (`plan_skips`, `cached_steps`).
-- `classifier_free_guidance`: one batched forward for the guided velocity; `ExpertGuidance`:
-  a scale per expert of a two-expert model.
+- `classifier_free_guidance`: one batched forward for the guided velocity (`cfg_combine`:
+  the guidance formula itself); `ExpertGuidance`: a scale per expert of a two-expert model.
 - `shift_sigmas`, `predict_x0`, `renoise`: rectified-flow algebra.
 """
 
 from vidax.sampling import step_cache
 from vidax.sampling.loop import (
     ExpertGuidance,
+    cfg_combine,
     classifier_free_guidance,
     predict_x0,
     renoise,
@@ -38,6 +39,7 @@ __all__ = [
     "Solver",
     "UniPC",
     "UniPCState",
+    "cfg_combine",
     "classifier_free_guidance",
     "make_solver",
     "predict_x0",

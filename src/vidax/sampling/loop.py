@@ -194,11 +194,16 @@ def classifier_free_guidance(
         b = x.shape[0]
         xx = jnp.concatenate([x, x], axis=0)
         out = model_fn(xx, timesteps(xx, t), both)
-        cond, uncond = out[:b], out[b:]
         g = scale.at(t) if isinstance(scale, ExpertGuidance) else scale
-        return uncond + jnp.asarray(g, out.dtype) * (cond - uncond)
+        return cfg_combine(out[:b], out[b:], g)
 
     return velocity
+
+
+def cfg_combine(cond: jax.Array, uncond: jax.Array, scale: float | jax.Array) -> jax.Array:
+    """Classifier-free guidance of two velocities: uncond + scale (cond - uncond), in their
+    dtype."""
+    return uncond + jnp.asarray(scale, cond.dtype) * (cond - uncond)
 
 
 # -- progress from compiled loops -----------------------------------------------------------------

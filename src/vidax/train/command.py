@@ -207,6 +207,22 @@ def train_all(
             help="Continue the DiT and text encoder an earlier run wrote there (needs --vae-from)."
         ),
     ] = None,
+    vae_decoder_only: Annotated[
+        bool,
+        typer.Option(
+            help="Fine-tune only the VAE's decoder: latents (and a DiT trained on them) unchanged."
+        ),
+    ] = False,
+    vae_only: Annotated[
+        bool, typer.Option(help="Stop after the VAE stage (no DiT stage).")
+    ] = False,
+    vae_buckets: Annotated[
+        str | None,
+        typer.Option(
+            help="Train the VAE on these of the profile's buckets only (comma-separated, "
+            "e.g. 33x64x64,33x32x32)."
+        ),
+    ] = None,
 ) -> None:
     """Train the VAE, the text encoder and the DiT on one accelerator, clips drawn on device."""
     from vidax.train.recipe import fast_gpu_compiles, get_profile
@@ -224,9 +240,12 @@ def train_all(
             seed=seed,
             total_seconds=total_seconds,
             vae_init=None if vae_init is None else str(vae_init),
+            vae_decoder_only=vae_decoder_only,
+            vae_buckets=None if vae_buckets is None else vae_buckets.split(","),
         ),
         vae_from=vae_from,
         dit_init=dit_init,
+        vae_only=vae_only,
     )
 
 

@@ -181,6 +181,9 @@ class Profile:
         dtype: compute dtype of the DiT and text encoder (parameters stay float32).
         vae_init: VAE weights to fine-tune (default: the shipped `tiny` VAE), or None to
             train one from scratch.
+        vae_decoder_only: fine-tune only the VAE's decoder (and `post_quant_conv`): the
+            encoder, hence the latents and their statistics (`latent_stats.json` beside
+            `vae_init`), stay exactly as they were, so a DiT trained on them still fits.
         vae, dit: the two stages.
         stats_clips: fresh 33-frame 64x64 clips the latent statistics are measured on.
         checkpoint_seconds: write the EMA weights at least this often.
@@ -196,6 +199,7 @@ class Profile:
     model: str = "tiny"
     dtype: str = "bfloat16"
     vae_init: str | None = str(ASSETS / "tiny" / VAE_FILE)
+    vae_decoder_only: bool = False
     vae: StageSettings
     dit: StageSettings
     stats_clips: int = 256
@@ -230,6 +234,15 @@ class Profile:
                 )
         if self.vae_init is not None and not Path(self.vae_init).is_file():
             raise FileNotFoundError(f"VAE weights to fine-tune not found: {self.vae_init}")
+        if self.vae_decoder_only:
+            if self.vae_init is None:
+                raise ValueError("vae_decoder_only fine-tunes a VAE: it needs vae_init")
+            stats = Path(self.vae_init).parent / STATS_FILE
+            if not stats.is_file():
+                raise FileNotFoundError(
+                    f"vae_decoder_only keeps the encoder's latent statistics, but {stats} "
+                    "(beside vae_init) is missing"
+                )
 
     @property
     def spec(self) -> ModelSpec:
@@ -327,10 +340,13 @@ def get_profile(
     seed: int | None = None,
     total_seconds: float | None = None,
     vae_init: str | None = None,
+    vae_decoder_only: bool | None = None,
+    vae_buckets: Sequence[str] | None = None,
 ) -> Profile:
     """The profile `name`, with stage budgets, batch sizes (scaled, at least 1), the seed, the
-    run's budget or the VAE to fine-tune changed where given; a clear error lists the known
-    profiles."""
+    run's budget, the VAE to fine-tune or what of it trains changed where given, and the VAE
+    stage restricted to the buckets named in `vae_buckets` (`Bucket.name`); a clear error
+    lists the known profiles or buckets."""
     try:
         profile = PROFILES[name]
     except KeyError:
@@ -349,13 +365,26 @@ def get_profile(
         seconds = settings.seconds if seconds is None else seconds
         return dataclasses.replace(settings, buckets=buckets, seconds=seconds)
 
+    vae = profile.vae
+    if vae_buckets is not None:
+        known = {b.name: b for b in vae.buckets}
+        unknown = [name for name in vae_buckets if name not in known]
+        if unknown or not vae_buckets:
+            raise ValueError(
+                f"unknown VAE bucket(s) {', '.join(unknown) or '(none given)'}; profile "
+                f"{name!r} has {', '.join(known)}"
+            )
+        vae = dataclasses.replace(vae, buckets=tuple(known[name] for name in vae_buckets))
     return dataclasses.replace(
         profile,
-        vae=stage(profile.vae, vae_seconds),
+        vae=stage(vae, vae_seconds),
         dit=stage(profile.dit, dit_seconds),
         seed=profile.seed if seed is None else seed,
         total_seconds=profile.total_seconds if total_seconds is None else total_seconds,
         vae_init=profile.vae_init if vae_init is None else vae_init,
+        vae_decoder_only=(
+            profile.vae_decoder_only if vae_decoder_only is None else vae_decoder_only
+        ),
     )
 
 
@@ -386,15 +415,18 @@ def lr_at(step: int, total: int, settings: StageSettings) -> float:
     return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def compile_buckets(step_fns: Sequence[jax.stages.Wrapped], state, frozen, log) -> list[Callable]:
+def compile_buckets(
+    step_fns: Sequence[jax.stages.Wrapped], state, frozen, log, *, threads: int | None = None
+) -> list[Callable]:
     """Lowers every bucket's step (`train_update`: `(state, frozen, key, lr)`) in turn, then
     compiles them in parallel threads (XLA compiles outside the GIL): compile time is the
-    longest program's, not the sum."""
+    longest program's, not the sum. `threads` bounds how many compile at once (each holds
+    its own host memory; default: all)."""
     started = time.perf_counter()
     key = jax.random.key(0)
     lr = jnp.float32(0.0)
     lowered = [f.lower(state, frozen, key, lr) for f in step_fns]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads or len(lowered)) as pool:
         compiled = list(pool.map(lambda low: low.compile(), lowered))
     log(f"compiled {len(compiled)} programs in {time.perf_counter() - started:.1f}s")
     return compiled
@@ -507,8 +539,16 @@ def _optimizer(settings: StageSettings) -> optax.GradientTransformation:
     )
 
 
+_VAE_COMPILE_THREADS = 4
+
+
 def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_vae.WanVAE, dict]:
-    """Stage 1; returns the EMA VAE with its measured latent statistics, and a summary."""
+    """Stage 1; returns the EMA VAE with its latent statistics, and a summary.
+
+    The statistics are measured on fresh clips after training, or, when only the decoder
+    trains (`Profile.vae_decoder_only`), copied from beside `vae_init`: the latents are the
+    same, and re-measuring them on another sample would move a trained DiT's inputs.
+    """
     spec = profile.spec
     stage_config = VAEStageConfig(vae=spec.vae_preset(), crop=0, seed=profile.seed)
     if profile.vae_init is not None:
@@ -516,36 +556,48 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
         log(f"vae: fine-tuning {profile.vae_init}")
     else:
         vae = build_vae(stage_config)
-    graphdef, params, rest = nnx.split(vae, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
+    # `trained` are the parameters differentiated; `fixed` the rest, passed to each step as
+    # its frozen input (empty unless only the decoder trains).
+    if profile.vae_decoder_only:
+        trained_filter: Any = nnx.All(
+            nnx.Param, nnx.Any(nnx.PathContains("decoder"), nnx.PathContains("post_quant_conv"))
+        )
+        log("vae: training the decoder only (encoder and latent statistics kept)")
+    else:
+        trained_filter = nnx.Param
+    graphdef, params, fixed, rest = nnx.split(vae, trained_filter, nnx.Param, ...)  # type: ignore[misc]  # flax: variadic stub
     settings = profile.vae
     optimizer = _optimizer(settings)
 
     def loss_for(bucket: Bucket):
-        def loss_fn(params, frozen, key):
-            del frozen
+        def loss_fn(params, fixed, key):
             k_scene, k_post = jax.random.split(key)
             scenes = scene_render.sample_scenes(k_scene, bucket.batch)
             video = scene_render.render(scenes, bucket.frames, bucket.height, bucket.width)
-            return vae_loss(nnx.merge(graphdef, params, rest), video, k_post, stage_config)
+            return vae_loss(nnx.merge(graphdef, params, fixed, rest), video, k_post, stage_config)
 
         return train_update(loss_fn, optimizer, ema_decay=settings.ema_decay)
 
     state = init_state(params, optimizer)
 
     def save(state, step):
-        model = nnx.merge(graphdef, jax.device_get(state["ema"]), rest)
+        model = nnx.merge(graphdef, jax.device_get(state["ema"]), fixed, rest)
         write_atomic(out / VAE_FILE, lambda p: wan_vae.save(model, p))
         log(f"vae: saved EMA weights at step {step}")
 
     # The stage's VAE computes its 3D convolutions as sums of 2D ones on a CPU
-    # (`VAEStageConfig.conv_impl`), natively elsewhere.
-    compiled = compile_buckets([loss_for(b) for b in settings.buckets], state, None, log)
+    # (`VAEStageConfig.conv_impl`), natively elsewhere. Compiling one 33-frame VAE step for a
+    # TPU v5e peaks at ~4 GB of host memory: the h200 profile's 7 at once exhausted the
+    # 40 GiB host of a v5e machine (2026-12-06), so at most `_VAE_COMPILE_THREADS` at a time.
+    compiled = compile_buckets(
+        [loss_for(b) for b in settings.buckets], state, fixed, log, threads=_VAE_COMPILE_THREADS
+    )
     state, summary = run_stage(
         "vae",
         settings,
         compiled,
         state,
-        None,
+        fixed,
         seed=profile.seed,
         log_every=profile.log_every,
         checkpoint_seconds=profile.checkpoint_seconds,
@@ -553,12 +605,17 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
         log=log,
         write_log=write_log,
     )
-    ema = nnx.merge(graphdef, state["ema"], rest)
-    stats = latent_stats(
-        ema, clips=profile.stats_clips, batch=64, draw=_rendered_clips(profile.seed + 1)
-    )
+    ema = nnx.merge(graphdef, state["ema"], fixed, rest)
+    if profile.vae_decoder_only:
+        assert profile.vae_init is not None  # Profile checked it
+        stats = json.loads((Path(profile.vae_init).parent / STATS_FILE).read_text())
+        log("vae: latent stats kept from the encoder's")
+    else:
+        stats = latent_stats(
+            ema, clips=profile.stats_clips, batch=64, draw=_rendered_clips(profile.seed + 1)
+        )
+        log(f"vae: latent stats {stats}")
     (out / STATS_FILE).write_text(json.dumps(stats, indent=1) + "\n")
-    log(f"vae: latent stats {stats}")
     config = dataclasses.replace(
         wan_vae.PRESETS[spec.vae_preset()],
         latents_mean=tuple(stats["mean"]),
@@ -763,6 +820,7 @@ def train_all(
     *,
     vae_from: str | os.PathLike | None = None,
     dit_init: str | os.PathLike | None = None,
+    vae_only: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Runs both stages into `out`; returns (and writes to `recipe.json`) the run's summary.
@@ -772,10 +830,13 @@ def train_all(
     during stage 2, `log.jsonl` throughout. `vae_from`: skip stage 1 and use the VAE (and its
     latent statistics) that an earlier run wrote to that folder (both are copied to `out`).
     `dit_init`: continue training the DiT and text encoder an earlier run wrote there
-    (`train_dit_stage`); it needs `vae_from`, since its latents are that VAE's.
+    (`train_dit_stage`); it needs `vae_from`, since its latents are that VAE's. `vae_only`:
+    stop after stage 1.
     """
     if dit_init is not None and vae_from is None:
         raise ValueError("dit_init needs vae_from: the DiT was trained on that VAE's latents")
+    if vae_only and (vae_from is not None or dit_init is not None):
+        raise ValueError("vae_only trains the VAE stage alone: vae_from and dit_init skip it")
     fast_gpu_compiles()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -803,10 +864,13 @@ def train_all(
                 shutil.copyfile(Path(vae_from) / name, out / name)
         log(f"vae: using {vae_from}")
     else:
-        # Trace stage 2 with a stand-in VAE first: its errors surface before stage 1 runs.
-        stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae_preset()], rngs=nnx.Rngs(0))
-        train_dit_stage(profile, stand_in, out, log, write_log, check_only=True)
+        if not vae_only:
+            # Trace stage 2 with a stand-in VAE first: its errors surface before stage 1 runs.
+            stand_in = wan_vae.WanVAE(wan_vae.PRESETS[profile.spec.vae_preset()], rngs=nnx.Rngs(0))
+            train_dit_stage(profile, stand_in, out, log, write_log, check_only=True)
         vae, summary["vae"] = train_vae_stage(profile, out, log, write_log)
+    if vae_only:
+        return _finish(out, summary, started, log)
     if dit_init is not None:
         summary["dit_init"] = str(dit_init)
     trained = train_dit_stage(
@@ -814,6 +878,10 @@ def train_all(
     )
     assert trained is not None  # None only for check_only
     summary["dit"] = trained[2]
+    return _finish(out, summary, started, log)
+
+
+def _finish(out: Path, summary: dict, started: float, log) -> dict:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
     log(f"done in {summary['seconds']}s: wrote {out}")
