@@ -6,7 +6,9 @@ the device (`vidax.data.scene_render`: fresh random scenes, never the same clip 
 with the (frozen) VAE and trains on them, all inside one compiled program per clip shape:
 
 1. **VAE**: fine-tunes the shipped `shapes` VAE (or trains a fresh one) on whole frames of
-   several sizes and lengths; then measures its latent statistics on fresh clips.
+   several sizes and lengths; then measures its latent statistics on fresh clips. With
+   `--vae-decoder-only` only the decoder trains: the latents (and a DiT trained on them) stay
+   valid, and the statistics are kept.
 2. **DiT + text encoder**: a Wan DiT and a `WordEncoder` trained together with flow matching
    on clips of 1 (images), 9, 17 and 33 frames at 32-64 px, including a non-square size, so
    DVG's reduced grids are in distribution.
@@ -20,6 +22,7 @@ usable model.
 
     vidax train all --profile h200 --out runs/tiny-v2      # ~9 min on one H200
     vidax train all --profile smoke --out /tmp/smoke       # seconds of steps on a CPU
+    vidax train all --vae-decoder-only --vae-only --out runs/vae   # a sharper decoder only
 """
 
 from __future__ import annotations
