@@ -735,10 +735,10 @@ def _causal_presets() -> dict[str, CausalPreset]:
         CausalPreset(
             name="tiny-causal",
             base="tiny",
-            # Classifier-free guidance 3 at inference: the weights distil the unguided teacher,
-            # and guidance lifts their 129-frame caption adherence from 0.75 to 0.96 (12 fixed
-            # prompts; assets/tiny-causal/TRAINING.md); `--set guidance=1` turns it off.
-            dense=ForcingConfig(sink_frames=3, window_frames=15, block_size=16, guidance=3.0),
+            # No guidance at inference: the dense weights distil the guided teacher (guidance
+            # 4, `vidax train causal --teacher-guidance 4`), so sampling needs one pass per
+            # step (assets/tiny-causal/TRAINING.md); `--set guidance=G` adds CFG on top.
+            dense=ForcingConfig(sink_frames=3, window_frames=15, block_size=16),
             sparse=ForcingConfig(
                 sink_frames=3,
                 window_frames=3,
@@ -749,13 +749,8 @@ def _causal_presets() -> dict[str, CausalPreset]:
                 memory_topk=6,
                 compressed_tokens=12,
                 query_tile=64,
-                guidance=3.0,
             ),
             weights="tiny-causal",
-            # Trained with `tiny`'s text encoder before its DVG-bucket run moved it (20%
-            # relative change of the embeddings; the causal model scores 0.61 instead of 0.67
-            # caption adherence with the new one).
-            text_encoder=True,
         ),
     ]
     return {p.name: p for p in presets}
