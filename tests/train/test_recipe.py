@@ -346,9 +346,19 @@ def test_decoder_only_vae_stage_keeps_the_encoder_and_its_statistics(tmp_path):
         train_all(tmp_path, profile, vae_only=True, vae_from=shipped.parent)
 
 
-def test_vae_buckets_restrict_the_vae_stage_by_name():
+def test_bucket_lists_restrict_a_stage_by_name_and_reweight():
     profile = get_profile("h200", vae_buckets=["33x32x32", "33x64x64"], batch_scale=0.5)
     assert [(b.name, b.batch) for b in profile.vae.buckets] == [("33x32x32", 12), ("33x64x64", 4)]
     assert profile.dit == get_profile("h200", batch_scale=0.5).dit
     with pytest.raises(ValueError, match=r"unknown VAE bucket.*3x3x3.*has 1x64x64"):
         get_profile("h200", vae_buckets=["33x64x64", "3x3x3"])
+    # DiT buckets by the same names (DVG's with their reduction), weights changed by "*W".
+    dit = get_profile("h200", dit_buckets=["33x32x32*3", "33x64x64/1x2"]).dit.buckets
+    assert [(b.name, b.weight, b.reduce) for b in dit] == [
+        ("33x32x32", 3.0, (1, 1)),
+        ("33x64x64/1x2", 2, (1, 2)),
+    ]
+    with pytest.raises(ValueError, match=r"bad DiT bucket weight in '33x32x32\*x'"):
+        get_profile("h200", dit_buckets=["33x32x32*x"])
+    with pytest.raises(ValueError, match=r"unknown DiT bucket.*\(none given\)"):
+        get_profile("h200", dit_buckets=[])

@@ -220,7 +220,14 @@ def train_all(
         str | None,
         typer.Option(
             help="Train the VAE on these of the profile's buckets only (comma-separated, "
-            "e.g. 33x64x64,33x32x32)."
+            "e.g. 33x64x64,33x32x32*3: *W sets a bucket's round-robin weight)."
+        ),
+    ] = None,
+    dit_buckets: Annotated[
+        str | None,
+        typer.Option(
+            help="Train the DiT on these of the profile's buckets only (as --vae-buckets; "
+            "DVG buckets are named like 33x64x64/1x2)."
         ),
     ] = None,
 ) -> None:
@@ -242,6 +249,7 @@ def train_all(
             vae_init=None if vae_init is None else str(vae_init),
             vae_decoder_only=vae_decoder_only,
             vae_buckets=None if vae_buckets is None else vae_buckets.split(","),
+            dit_buckets=None if dit_buckets is None else dit_buckets.split(","),
         ),
         vae_from=vae_from,
         dit_init=dit_init,

@@ -345,11 +345,12 @@ def get_profile(
     vae_init: str | None = None,
     vae_decoder_only: bool | None = None,
     vae_buckets: Sequence[str] | None = None,
+    dit_buckets: Sequence[str] | None = None,
 ) -> Profile:
     """The profile `name`, with stage budgets, batch sizes (scaled, at least 1), the seed, the
-    run's budget, the VAE to fine-tune or what of it trains changed where given, and the VAE
-    stage restricted to the buckets named in `vae_buckets` (`Bucket.name`); a clear error
-    lists the known profiles or buckets."""
+    run's budget, the VAE to fine-tune or what of it trains changed where given, and a stage
+    restricted to the buckets listed in `vae_buckets` / `dit_buckets` (`select_buckets`); a
+    clear error lists the known profiles or buckets."""
     try:
         profile = PROFILES[name]
     except KeyError:
@@ -368,20 +369,15 @@ def get_profile(
         seconds = settings.seconds if seconds is None else seconds
         return dataclasses.replace(settings, buckets=buckets, seconds=seconds)
 
-    vae = profile.vae
+    vae, dit = profile.vae, profile.dit
     if vae_buckets is not None:
-        known = {b.name: b for b in vae.buckets}
-        unknown = [name for name in vae_buckets if name not in known]
-        if unknown or not vae_buckets:
-            raise ValueError(
-                f"unknown VAE bucket(s) {', '.join(unknown) or '(none given)'}; profile "
-                f"{name!r} has {', '.join(known)}"
-            )
-        vae = dataclasses.replace(vae, buckets=tuple(known[name] for name in vae_buckets))
+        vae = dataclasses.replace(vae, buckets=select_buckets(vae.buckets, vae_buckets, "VAE"))
+    if dit_buckets is not None:
+        dit = dataclasses.replace(dit, buckets=select_buckets(dit.buckets, dit_buckets, "DiT"))
     return dataclasses.replace(
         profile,
         vae=stage(vae, vae_seconds),
-        dit=stage(profile.dit, dit_seconds),
+        dit=stage(dit, dit_seconds),
         seed=profile.seed if seed is None else seed,
         total_seconds=profile.total_seconds if total_seconds is None else total_seconds,
         vae_init=profile.vae_init if vae_init is None else vae_init,
@@ -389,6 +385,33 @@ def get_profile(
             profile.vae_decoder_only if vae_decoder_only is None else vae_decoder_only
         ),
     )
+
+
+def select_buckets(
+    buckets: Sequence[Bucket], names: Sequence[str], stage: str
+) -> tuple[Bucket, ...]:
+    """The buckets named in `names` (`Bucket.name`, e.g. "33x32x32" or "33x64x64/1x2"), in
+    that order, each optionally with a new round-robin weight ("33x32x32*3")."""
+    known = {b.name: b for b in buckets}
+    chosen, unknown = [], []
+    for entry in names:
+        name, _, weight = entry.partition("*")
+        if name not in known:
+            unknown.append(entry)
+            continue
+        bucket = known[name]
+        if weight:
+            try:
+                bucket = dataclasses.replace(bucket, weight=float(weight))
+            except ValueError:
+                raise ValueError(f"bad {stage} bucket weight in {entry!r}") from None
+        chosen.append(bucket)
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown {stage} bucket(s) {', '.join(unknown) or '(none given)'}; the profile has "
+            f"{', '.join(known)}"
+        )
+    return tuple(chosen)
 
 
 # ------------------------------------------------------------------------- the timed loop
