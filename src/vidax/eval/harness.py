@@ -24,15 +24,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import imageio.v3 as iio
+import jax
+import jax.numpy as jnp
 import numpy as np
+from PIL import Image, ImageDraw
 
 from vidax import pipeline
 from vidax.data import read_prompt
 from vidax.data.shapes import EVAL_PROMPTS, SHAPES, EvalPrompt, render
+from vidax.forcing.command import check
+from vidax.forcing.rollout import generate_latents
+from vidax.forcing.weights import load_causal
 from vidax.metrics.evaluate import Summary, evaluate, summarise
 from vidax.metrics.scene import shapes_read
 from vidax.models.registry import get, get_causal, is_causal
 from vidax.models.weights import load_text_encoder
+from vidax.text import embed_prompts
 
 # Metrics shown in the table, in order (higher is better unless marked).
 TABLE_METRICS = (
@@ -260,13 +268,6 @@ def _evaluate_causal(
     forcing_overrides: dict[str, Any] | None,
 ) -> Report:
     """`evaluate_prompts` for a causal preset: chunk-by-chunk rollouts, batch 1 per video."""
-    import jax
-
-    from vidax.forcing.command import check
-    from vidax.forcing.rollout import generate_latents
-    from vidax.forcing.weights import load_causal
-    from vidax.text import embed_prompts
-
     preset = get_causal(model)
     spec = preset.spec
     d = spec.defaults
@@ -347,8 +348,6 @@ def _score(
 def _references(
     prompts: Sequence[EvalPrompt], vae, settings: dict[str, Any]
 ) -> dict[str, list[Sample]]:
-    import jax.numpy as jnp
-
     truth, recon = [], []
     for prompt in prompts:
         frames, _ = render(
@@ -449,8 +448,6 @@ def contact_sheet(
         scale: nearest-neighbour upscaling of each frame.
         reference: a key of `report.references` to show first on each row, or None.
     """
-    from PIL import Image, ImageDraw
-
     if frames < 1 or scale < 1:
         raise ValueError(f"frames and scale must be >= 1, got {frames}, {scale}")
     rows: dict[str, list[Sample]] = {}
@@ -492,8 +489,6 @@ def write_report(report: Report | Sequence[Report], out_dir: str | os.PathLike) 
     by_category, samples, references. Several reports (prompt sets with distinct labels) give
     {"sets": [record, ...]}, their tables in turn and their contact sheets stacked.
     """
-    import imageio.v3 as iio
-
     reports = [report] if isinstance(report, Report) else _labelled(report)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

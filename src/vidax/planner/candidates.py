@@ -165,6 +165,7 @@ class Workload:
 
     @property
     def spec(self):
+        # Imported here: this module is plain data (no jax, flax or model code at import).
         from vidax.models import get
 
         spec = get(self.model)
@@ -229,7 +230,7 @@ class ShardingCandidate:
 
     @property
     def strategy(self):
-        from vidax.sharding.rules import compose_strategy
+        from vidax.sharding.rules import compose_strategy  # plain-data module: see `spec`
 
         return compose_strategy(self.sequence, tensor=self.tensor > 1, weights=self.weights)
 

@@ -33,9 +33,15 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from vidax.models import get
+from vidax.models.experts import TwoExperts
 from vidax.planner.candidates import ShardingCandidate, Workload
 from vidax.planner.hardware import Chip, GiB
+from vidax.sharding.rules import auto_mesh, param_shardings, use_mesh
 
 MEMORY_MARGIN = 0.1  # stage 1 is an estimate: keep 10% of HBM spare
 # When nothing fits with the margin, candidates estimated up to this factor over HBM still go to
@@ -111,11 +117,6 @@ class Pruned:
 def _abstract_model(model: str):
     """(graphdef, abstract state) of a preset, built once per process. A two-expert preset
     (Wan 2.2 A14B) holds both experts' weights; each step runs one (`TwoExperts`)."""
-    from flax import nnx
-
-    from vidax.models import get
-    from vidax.models.experts import TwoExperts
-
     spec = get(model)
     ratio = spec.boundary_ratio
     if ratio is None:
@@ -134,12 +135,6 @@ def abstract_step(workload: Workload, mesh, strategy):
     Returns:
         (jitted step, (state, x, timestep, context, image inputs) ShapeDtypeStructs).
     """
-    from flax import nnx
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from vidax.sharding.rules import param_shardings
-
     graphdef, state = _abstract_model(workload.model)
     shardings = param_shardings(state, mesh, strategy)
     state = jax.tree.map(
@@ -176,10 +171,6 @@ def abstract_step(workload: Workload, mesh, strategy):
 
 def candidate_mesh(candidate: ShardingCandidate, devices: Sequence):
     """The candidate's mesh over `devices` in the given order (Auto axes)."""
-    from jax.sharding import Mesh
-
-    from vidax.sharding.rules import auto_mesh
-
     grid = np.asarray(list(devices), dtype=object).reshape(candidate.mesh_shape)
     return auto_mesh(Mesh(grid, candidate.axis_names))
 
@@ -294,8 +285,6 @@ def _all_to_all_time(chip: Chip, n: int, buffer_bytes: float) -> float:
 @functools.lru_cache(maxsize=256)
 def _traced(workload: Workload, b: int, s: int, t: int, sequence: str, devices: tuple) -> _Walk:
     """The jaxpr statistics of one logical layout (shared by both weight modes)."""
-    from vidax.sharding.rules import use_mesh
-
     candidate = ShardingCandidate(batch=b, seq=s, tensor=t, sequence=sequence, weights="replicated")
     mesh = candidate_mesh(candidate, devices)
     with use_mesh(mesh, candidate.strategy) as mesh:
@@ -314,10 +303,6 @@ def estimate_candidate(
     Raises:
         Whatever tracing raises for an invalid candidate.
     """
-    from flax import nnx
-
-    from vidax.sharding.rules import param_shardings
-
     config = workload.spec.config
     walk = _traced(
         workload,

@@ -43,6 +43,7 @@ from vidax.planner.placement import (
     rank_placements,
 )
 from vidax.planner.topology import Topology, load_topology
+from vidax.sharding.rules import use_mesh
 
 PLAN_VERSION = 1
 MAX_COMPILE = 3  # stage-2 compiles per search at most (20-60 s each on a small CPU host)
@@ -252,8 +253,6 @@ def compile_candidate(
     Raises:
         ValueError: if the compiled program does not fit the chip's HBM (or a kernel's SMEM).
     """
-    from vidax.sharding.rules import use_mesh
-
     start = time.perf_counter()
     mesh = candidate_mesh(candidate, topology.devices)
     with use_mesh(mesh, candidate.strategy) as mesh:

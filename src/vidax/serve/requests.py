@@ -12,6 +12,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from vidax import models
+from vidax.dvg.command import generate_kwargs
+from vidax.forcing import command as forcing_command
 from vidax.models.weights import TRANSFORMER, missing_message, missing_weights
 
 # frames x height x width of one video; the tiny models' default sizes fit many times over.
@@ -82,8 +85,6 @@ class ModelInfo:
 
 def available_models() -> list[ModelInfo]:
     """The presets whose weights are all there (`vidax models` says "shipped"), sorted."""
-    from vidax import models
-
     out = []
     for name in models.names():
         if models.is_causal(name):
@@ -123,10 +124,6 @@ def parse(
     Raises:
       ValueError: a one-line reason, the command line's where it has one.
     """
-    from vidax import models
-    from vidax.dvg.command import generate_kwargs
-    from vidax.forcing import command as forcing_command
-
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     unknown = sorted(set(body) - set(_TYPES))
