@@ -30,11 +30,16 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import imageio.v3 as iio
 import numpy as np
 
+from vidax import models, pipeline
 from vidax.errors import USER_ERRORS
+from vidax.forcing import load_causal
+from vidax.forcing.command import check, stream_generate
 from vidax.models.weights import load_text_encoder
 from vidax.serve.requests import VideoRequest
+from vidax.video import to_uint8, write_video
 
 log = logging.getLogger("vidax.serve")
 
@@ -304,9 +309,6 @@ class Generator:
             self._generate(job, parts, report)
 
     def _generate(self, job: Job, parts: dict, report: Callable[..., None]) -> None:
-        from vidax import pipeline
-        from vidax.video import write_video
-
         r = job.request
         steps = r.steps
         assert steps is not None, "`requests.parse` fills in steps for non-causal models"
@@ -350,8 +352,6 @@ class Generator:
         job.timings["encode_seconds"] = time.perf_counter() - generated
 
     def _stream(self, job: Job, parts: dict, report: Callable[..., None]) -> None:
-        from vidax.forcing.command import check, stream_generate
-
         r = job.request
         started = time.perf_counter()
         total = check(parts["preset"], frames=r.frames, height=r.height, width=r.width)
@@ -392,11 +392,7 @@ class Generator:
 
 def _load(model: str, causal: bool) -> dict:
     """A model's parts, loaded once per server."""
-    from vidax import models
-
     if causal:
-        from vidax.forcing import load_causal
-
         preset = models.get_causal(model)
         return {
             "preset": preset,
@@ -414,9 +410,5 @@ def _load(model: str, causal: bool) -> dict:
 
 def _png(frame: np.ndarray) -> str:
     """An (H, W, 3) frame in [0, 1] as a `data:image/png;base64,...` URL."""
-    import imageio.v3 as iio
-
-    from vidax.video import to_uint8
-
     data = iio.imwrite("<bytes>", to_uint8(frame[None])[0], extension=".png")
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
