@@ -14,6 +14,9 @@ How a plan maps onto the devices of the running process (`load_plan`):
    `plan.mesh_shape`) is `jax.devices()[i]`, i.e. devices in id order (process-major when
    several processes share the mesh). The first `prod(mesh_shape)` devices are used; fewer is
    an error. Results are identical either way, only speed differs.
+
+The search, the presets and the sharding rules are imported inside the functions: `vidax`
+imports this module at start-up for every command.
 """
 
 from __future__ import annotations
