@@ -285,9 +285,7 @@ def _evaluate_causal(
         attention=attention,
         forcing_overrides=forcing_overrides,
     )
-    forcing = preset.forcing(attention)
-    if forcing_overrides:
-        forcing = dataclasses.replace(forcing, **forcing_overrides)
+    forcing = preset.forcing(attention, forcing_overrides)
     settings: dict[str, Any] = {
         "num_frames": num_frames,
         "height": height,

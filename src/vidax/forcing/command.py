@@ -93,9 +93,7 @@ def stream_generate(
       CheckpointError: missing weights (without `random_weights`).
     """
     preset = get_causal(model) if isinstance(model, str) else model
-    forcing = preset.forcing(attention)
-    if forcing_overrides:
-        forcing = dataclasses.replace(forcing, **forcing_overrides)
+    forcing = preset.forcing(attention, forcing_overrides)
     spec = preset.spec
     d = spec.defaults
     frames = preset.num_frames if frames is None else frames
@@ -168,9 +166,7 @@ def check(
       ValueError: the one-line reason `stream_generate` would give.
     """
     preset = get_causal(model) if isinstance(model, str) else model
-    forcing = preset.forcing(attention)
-    if forcing_overrides:
-        forcing = dataclasses.replace(forcing, **forcing_overrides)
+    forcing = preset.forcing(attention, forcing_overrides)
     spec, d = preset.spec, preset.spec.defaults
     frames = preset.num_frames if frames is None else frames
     height = d.height if height is None else height

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
@@ -704,10 +704,13 @@ class CausalPreset:
             return base
         return dataclasses.replace(base, vae=self.vae, weights=self.weights)
 
-    def forcing(self, attention: str) -> ForcingConfig:
+    def forcing(self, attention: str, overrides: Mapping[str, Any] | None = None) -> ForcingConfig:
+        """The config for `attention` ("dense" or "sparse"), with `overrides` (`--set`
+        `ForcingConfig` fields) replaced."""
         if attention not in ("dense", "sparse"):
             raise ValueError(f"attention must be 'dense' or 'sparse', got {attention!r}")
-        return self.dense if attention == "dense" else self.sparse
+        forcing = self.dense if attention == "dense" else self.sparse
+        return dataclasses.replace(forcing, **overrides) if overrides else forcing
 
     def weights_path(self, attention: str) -> Path | None:
         """The shipped causal weights for `attention`, if any. Without trained sparse weights,
