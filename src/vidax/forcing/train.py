@@ -329,8 +329,9 @@ class TrainBatches:
     (b, s, text_dim), the captions through `embedder` (captions -> (embeds, mask), e.g.
     `HashedTextEmbedder` or `vidax.text.PromptEmbedder`), and, when `vae` is given, "latents".
     Encoding clips costs far more than a step of the tiny model on a CPU, so each encoded batch
-    serves `repeat` consecutive steps (with fresh noise levels and noise each time). The state is the loader's (seed, step) plus
-    the position inside the repeat; a resumed run re-encodes the batch it was in.
+    serves `repeat` consecutive steps (with fresh noise levels and noise each time). The state
+    is the loader's (seed, step) plus the position inside the repeat; a resumed run re-encodes
+    the batch it was in.
     """
 
     def __init__(self, config: StageConfig, *, embedder, vae=None, repeat: int = 1):

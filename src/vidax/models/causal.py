@@ -65,7 +65,7 @@ class ForcingConfig:
         kernel on a GPU/TPU and "gather" on a CPU.
       guidance: classifier-free guidance of each denoising step at inference (1: none, the
         Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same
-        batch with a cache of its own (twice the cache and compute):
+        batch, with cache rows of its own (twice the cache and compute):
         v = v_u + guidance (v_c - v_u).
     """
 
