@@ -240,16 +240,21 @@ class Profile:
         if self.vae_decoder_only:
             if self.vae_init is None:
                 raise ValueError("vae_decoder_only fine-tunes a VAE: it needs vae_init")
-            stats = Path(self.vae_init).parent / STATS_FILE
-            if not stats.is_file():
+            if not self.vae_init_stats.is_file():
                 raise FileNotFoundError(
-                    f"vae_decoder_only keeps the encoder's latent statistics, but {stats} "
-                    "(beside vae_init) is missing"
+                    "vae_decoder_only keeps the encoder's latent statistics, but "
+                    f"{self.vae_init_stats} (beside vae_init) is missing"
                 )
 
     @property
     def spec(self) -> ModelSpec:
         return get(self.model)
+
+    @property
+    def vae_init_stats(self) -> Path:
+        """The latent statistics beside `vae_init` (what a decoder-only stage keeps)."""
+        assert self.vae_init is not None
+        return Path(self.vae_init).parent / STATS_FILE
 
 
 PROFILES: dict[str, Profile] = {
@@ -613,7 +618,7 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
 
     # The stage's VAE computes its 3D convolutions as sums of 2D ones on a CPU
     # (`VAEStageConfig.conv_impl`), natively elsewhere. Compiling one 33-frame VAE step for a
-    # TPU v5e peaks at ~4 GB of host memory: the h200 profile's 7 at once exhausted the
+    # TPU v5e peaks at 4-6 GB of host memory: the h200 profile's 7 at once exhausted the
     # 40 GiB host of a v5e machine (2026-12-06), so at most `_VAE_COMPILE_THREADS` at a time.
     compiled = compile_buckets(
         [loss_for(b) for b in settings.buckets], state, fixed, log, threads=_VAE_COMPILE_THREADS
@@ -633,8 +638,7 @@ def train_vae_stage(profile: Profile, out: Path, log, write_log) -> tuple[wan_va
     )
     ema = nnx.merge(graphdef, state["ema"], fixed, rest)
     if profile.vae_decoder_only:
-        assert profile.vae_init is not None  # Profile checked it
-        stats = json.loads((Path(profile.vae_init).parent / STATS_FILE).read_text())
+        stats = json.loads(profile.vae_init_stats.read_text())
         log("vae: latent stats kept from the encoder's")
     else:
         stats = latent_stats(
