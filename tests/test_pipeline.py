@@ -244,7 +244,7 @@ def test_a_fresh_progress_callback_compiles_nothing_new(model):
     # Compiled samplers are cached on static values; a new `on_step` (a progress bar, a lambda)
     # or a per-call input function used to be part of the key, so every CLI-style call compiled
     # the whole loop again.
-    from vidax.pipeline import _compiled_loop
+    from vidax.pipeline import _compiled_loop, _compiled_step
 
     kw = dict(num_frames=5, height=32, width=32, steps=3, decode_frames=False)
     kw |= dict(random_weights=True) if model != "tiny" else {}
@@ -252,12 +252,47 @@ def test_a_fresh_progress_callback_compiles_nothing_new(model):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomWeightsWarning)
         pipeline.generate(model, "a red circle", on_step=first.append, **kw)
-        misses = _compiled_loop.cache_info().misses
+        misses = _compiled_step.cache_info().misses
         video = pipeline.generate(model, "a red circle", on_step=second.append, **kw)
-        assert _compiled_loop.cache_info().misses == misses
+        assert _compiled_step.cache_info().misses == misses
         assert first == second == [0, 1, 2]
+        loops = _compiled_loop.cache_info().misses
         quiet = pipeline.generate(model, "a red circle", **kw)
+        pipeline.generate(model, "a red circle", **kw)
+        assert _compiled_loop.cache_info().misses == loops + 1
+    # With progress the loop runs from the host one compiled step at a time; without, as one
+    # program: the same latents bit for bit.
     np.testing.assert_array_equal(video.latents, quiet.latents)
+
+
+@pytest.mark.parametrize("accel", ["none", "temporal"])
+def test_progress_puts_no_host_callback_in_the_programs(accel, monkeypatch):
+    # jax's persistent compilation cache never keeps a program with a host callback, so with
+    # one inside the loop every `vidax generate` (a new process, a progress bar) compiled the
+    # sampler again. With progress the programs carry none: tracing a callback here fails.
+    def no_callback(*args, **kwargs):
+        raise AssertionError("a host callback was traced into a sampling program")
+
+    monkeypatch.setattr(jax.debug, "callback", no_callback)
+    kw = dict(num_frames=9, height=64, width=64, steps=7, decode_frames=False, accel=accel)
+    kw |= dict(budget=0.75) if accel != "none" else {}
+    steps: list[int] = []
+    pipeline.generate("tiny", "a blue square moving left", on_step=steps.append, **kw)
+    assert steps == list(range(7))
+
+
+def test_dvg_progress_matches_the_fused_sampler():
+    # DVG with progress: each stage's steps, its last step and the transition run from the
+    # host; the same sample as the one-program sampler (to float rounding of the transition's
+    # fusion) and every base step reported once, in order.
+    kw = dict(num_frames=9, height=64, width=64, steps=6, decode_frames=False)
+    kw |= dict(accel="temporal", budget=0.75)
+    steps: list[int] = []
+    stepped = pipeline.generate("tiny", "a red circle", on_step=steps.append, **kw)
+    fused = pipeline.generate("tiny", "a red circle", **kw)
+    assert len(stepped.choices[0].schedule.stages) == 2
+    assert steps == list(range(6))
+    np.testing.assert_allclose(stepped.latents, fused.latents, atol=1e-4)
 
 
 def test_a_second_dvg_generate_compiles_nothing_new():
@@ -270,9 +305,15 @@ def test_a_second_dvg_generate_compiles_nothing_new():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         first = pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", on_step=print, **kw)
-        misses = sampler._compiled.cache_info().misses
+        misses = sampler._StagePrograms.of.cache_info().misses
+        programs = sampler._StagePrograms.of.cache_info().currsize
         second = pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", on_step=print, **kw)
-    assert sampler._compiled.cache_info().misses == misses
+        assert sampler._StagePrograms.of.cache_info().misses == misses
+        assert sampler._StagePrograms.of.cache_info().currsize == programs
+        compiled = sampler._compiled.cache_info().misses
+        pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", **kw)
+        pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", **kw)
+        assert sampler._compiled.cache_info().misses == compiled + 1
     np.testing.assert_array_equal(first.latents, second.latents)
 
 

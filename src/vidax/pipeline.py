@@ -63,6 +63,7 @@ from vidax.models.weights import (
     with_vae,
 )
 from vidax.sampling import step_cache
+from vidax.sampling.loop import VelocityFn
 from vidax.sharding import auto_mesh, use_mesh
 from vidax.text.prompts import PromptEmbeds, embed_prompts, fit_prompt_embeds
 from vidax.video import image_pixels
@@ -186,19 +187,48 @@ def denoise_cached(
 def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None):
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
-    run = _compiled_loop(
-        graphdef, solver, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
-    )
-    with sampling.reporting_steps(on_step):
-        latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
-        # One scalar read after the whole loop: no per-step host sync.
-        step = int(first_bad)
+    if on_step is not None and skip is None:
+        latents, first_bad = _host_stepped(
+            graphdef, state, noise, cond, negative if use_cfg else None, solver, guidance, on_step
+        )
+        changes = None
+    else:
+        latents, first_bad, changes = _fused(
+            graphdef, state, noise, cond, negative, solver, guidance, use_cfg, on_step, skip
+        )
+    step = int(first_bad)
     if step >= 0:
         raise ValueError(
             f"sampling produced non-finite latents (NaN or inf) at denoising step {step + 1} of "
             f"{solver.num_steps}: check the weights, the prompt embeddings and the guidance scale"
         )
     return latents, None if changes is None else np.asarray(changes)
+
+
+def _host_stepped(graphdef, state, noise, cond, negative, solver, guidance, on_step):
+    """The loop driven from the host, one compiled step per call, `on_step(i)` once step i has
+    finished: with no host callback inside, the step program goes to jax's persistent cache
+    and a new process (the next `vidax generate`) loads it instead of compiling it."""
+    step = _compiled_step(graphdef, solver, sampling.static_guidance(guidance))
+    x = noise.astype(jnp.float32)
+    carry = (x, _compiled_init(solver)(x))
+    for i in range(solver.num_steps):
+        carry = jax.block_until_ready(step(state, cond, negative, carry, i))
+        on_step(i)
+    latents, (_, first_bad) = carry
+    return latents, first_bad
+
+
+def _fused(graphdef, state, noise, cond, negative, solver, guidance, use_cfg, on_step, skip):
+    """The whole loop as one program (progress, if asked, from a host callback inside)."""
+    run = _compiled_loop(
+        graphdef, solver, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
+    )
+    with sampling.reporting_steps(on_step):
+        latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
+        # One scalar read after the whole loop: no per-step host sync.
+        first_bad = int(first_bad)
+    return latents, first_bad, changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,22 +262,45 @@ class _WatchFinite:
         return x, (inner, jnp.where(bad, jnp.asarray(i, jnp.int32), first_bad))
 
 
+def _velocity(graphdef, state, cond, negative, guidance) -> VelocityFn:
+    """The (guided, if `negative` is given) velocity of the model `graphdef` + `state`."""
+    model = nnx.merge(graphdef, state)
+
+    def model_fn(x, t, c):
+        timestep = jnp.full((x.shape[0],), t, jnp.float32)
+        return model(x, timestep, **c).astype(jnp.float32)
+
+    if negative is not None:
+        return sampling.classifier_free_guidance(model_fn, cond, negative, guidance)
+    return lambda x, t: model_fn(x, t, cond)
+
+
+# The compiled programs are cached on static values only (graphdef, solver, guidance, flags).
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_step(graphdef, solver, guidance):
+    @jax.jit
+    def step(state, cond, negative, carry, i):
+        velocity = _velocity(graphdef, state, cond, negative, guidance)
+        x, solver_state = carry
+        return sampling.solver_step(velocity, x, solver_state, _WatchFinite(solver), i)
+
+    return step
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_init(solver):
+    return jax.jit(_WatchFinite(solver).init)
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled_loop(graphdef, solver, guidance, use_cfg: bool, progress: bool, skip=None):
-    # Cached on static values only: the progress callback goes through `sampling.step_hook`.
+    # The progress callback goes through `sampling.step_hook`.
 
     @jax.jit
     def run(state, noise, cond, negative):
-        model = nnx.merge(graphdef, state)
-
-        def model_fn(x, t, c):
-            timestep = jnp.full((x.shape[0],), t, jnp.float32)
-            return model(x, timestep, **c).astype(jnp.float32)
-
-        if use_cfg:
-            velocity = sampling.classifier_free_guidance(model_fn, cond, negative, guidance)
-        else:
-            velocity = lambda x, t: model_fn(x, t, cond)
+        velocity = _velocity(graphdef, state, cond, negative if use_cfg else None, guidance)
         watched = _WatchFinite(solver)
         x = noise.astype(jnp.float32)
         steps = dict(

@@ -168,12 +168,19 @@ def run_stage(
     x, _ = sampling.sample_steps(
         velocity, x, solver, solver.init(x), start=0, stop=n - 1, on_step=callback, skip=local
     )
-    # The last update lands on sigma = 0, i.e. on the clean prediction (Euler and UniPC alike);
-    # done by hand to keep the noise prediction too.
-    sigma = jnp.float32(solver.sigmas[n - 1])
-    v = velocity(x, jnp.float32(solver.timesteps[n - 1])).astype(x.dtype)
+    x0, eps_hat = _last_step(velocity, x, solver)
     if callback is not None:
         jax.debug.callback(callback, n - 1)
+    return x0, eps_hat
+
+
+def _last_step(velocity, x: jax.Array, solver) -> tuple[jax.Array, jax.Array]:
+    """A reduced stage's last step: (x0, eps_hat) of its model evaluation."""
+    # The last update lands on sigma = 0, i.e. on the clean prediction (Euler and UniPC alike);
+    # done by hand to keep the noise prediction too.
+    n = solver.num_steps
+    sigma = jnp.float32(solver.sigmas[n - 1])
+    v = velocity(x, jnp.float32(solver.timesteps[n - 1])).astype(x.dtype)
     return x - sigma * v, x + (1 - sigma) * v
 
 
@@ -282,18 +289,23 @@ def sample(
             x = restrict_noise(noise, first.factors, **_methods(plan))
         start = 0
     else:
-        if not resume.resumes(plan.schedule) or tuple(resume.x0.shape[1:4]) != stages[0].shape:
-            raise ValueError(
-                f"resume needs a probe of this plan's first stage {plan.schedule.stages[0]} on "
-                f"grid {stages[0].shape} and a later stage; got {resume.stage} on grid "
-                f"{tuple(resume.x0.shape[1:4])} for {plan.schedule.describe()}"
-            )
+        _check_resume(resume, plan)
         x, noise = transition(resume.x0, resume.eps_hat, noise, plan, 1, key=key)
         start = 1
     for index in range(start, len(stages) - 1):
         x0, eps_hat = run_stage(velocity_fn, x, plan, index, on_step=on_step, skip=skip)
         x, noise = transition(x0, eps_hat, noise, plan, index + 1, key=key)
     return run_last_stage(velocity_fn, x, plan, on_step=on_step, skip=skip)
+
+
+def _check_resume(resume: Probe, plan: Plan) -> None:
+    stages = plan.stages
+    if not resume.resumes(plan.schedule) or tuple(resume.x0.shape[1:4]) != stages[0].shape:
+        raise ValueError(
+            f"resume needs a probe of this plan's first stage {plan.schedule.stages[0]} on "
+            f"grid {stages[0].shape} and a later stage; got {resume.stage} on grid "
+            f"{tuple(resume.x0.shape[1:4])} for {plan.schedule.describe()}"
+        )
 
 
 # -- model-level entry points ---------------------------------------------------------------------
@@ -352,6 +364,17 @@ def denoise(
     graphdef, state = nnx.split(model)
     use_cfg = negative is not None and guidance != 1.0
     skip = None if skip is None else tuple(bool(s) for s in skip)
+    if on_step is not None and skip is None:
+        programs = _StagePrograms.of(graphdef, plan, sampling.static_guidance(guidance))
+        return programs.run(
+            state,
+            noise.astype(jnp.float32),
+            cond,
+            negative if use_cfg else None,
+            key,
+            resume,
+            on_step,
+        )
     run = _compiled(
         graphdef, plan, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
     )
@@ -373,6 +396,90 @@ def _compiled(graphdef, plan: Plan, guidance, use_cfg, progress: bool, skip=None
         return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step, skip=skip)
 
     return run
+
+
+@dataclasses.dataclass(frozen=True)
+class _StagePrograms:
+    """`sample` driven from the host, one compiled step per call, reporting each finished step:
+    with no host callback inside, jax's persistent cache keeps every stage's programs, so the
+    next process (the next `vidax generate --accel dvg`) loads them instead of compiling."""
+
+    graphdef: Any
+    plan: Plan
+    guidance: Any
+
+    @staticmethod
+    @functools.lru_cache(maxsize=32)
+    def of(graphdef, plan: Plan, guidance) -> _StagePrograms:
+        return _StagePrograms(graphdef, plan, guidance)
+
+    def velocity(self, index: int, state, cond, negative):
+        model = nnx.merge(self.graphdef, state)
+        velocity = model_velocity(model, cond, negative, self.guidance)
+        return stage_velocity(velocity, self.plan, self.plan.stages[index])
+
+    @functools.cached_property
+    def enter(self):
+        """Stage 0's starting latent from the full-resolution noise."""
+        first, methods = self.plan.stages[0], _methods(self.plan)
+        if first.factors == (1, 1):
+            return lambda noise: noise
+        return jax.jit(lambda noise: restrict_noise(noise, first.factors, **methods))
+
+    @functools.cached_property
+    def init(self):
+        return jax.jit(lambda index, x: self.plan.stages[index].solver.init(x), static_argnums=0)
+
+    @functools.cached_property
+    def step(self):
+        def step(index, state, cond, negative, x, solver_state, i):
+            velocity = self.velocity(index, state, cond, negative)
+            return sampling.solver_step(
+                velocity, x, solver_state, self.plan.stages[index].solver, i
+            )
+
+        return jax.jit(step, static_argnums=0)
+
+    @functools.cached_property
+    def leave(self):
+        """A reduced stage's last step and the transition into the next stage."""
+
+        def leave(index, state, cond, negative, x, noise, key):
+            velocity = self.velocity(index, state, cond, negative)
+            x0, eps_hat = _last_step(velocity, x, self.plan.stages[index].solver)
+            return transition(x0, eps_hat, noise, self.plan, index + 1, key=key)
+
+        return jax.jit(leave, static_argnums=0)
+
+    @functools.cached_property
+    def resume(self):
+        return jax.jit(
+            lambda p, noise, key: transition(p.x0, p.eps_hat, noise, self.plan, 1, key=key)
+        )
+
+    def run(self, state, noise, cond, negative, key, resume, on_step) -> jax.Array:
+        """As `sample` (same arguments), `on_step` called after each finished step."""
+        stages = self.plan.stages
+        if resume is None:
+            x, start = self.enter(noise), 0
+        else:
+            _check_resume(resume, self.plan)
+            (x, noise), start = self.resume(resume, noise, key), 1
+        for index in range(start, len(stages)):
+            stage, last = stages[index], index == len(stages) - 1
+            n = stage.solver.num_steps
+            solver_state = self.init(index, x)
+            for i in range(n if last else n - 1):
+                x, solver_state = jax.block_until_ready(
+                    self.step(index, state, cond, negative, x, solver_state, i)
+                )
+                on_step(stage.start + i)
+            if not last:
+                x, noise = jax.block_until_ready(
+                    self.leave(index, state, cond, negative, x, noise, key)
+                )
+                on_step(stage.start + n - 1)
+        return x
 
 
 def probe(

@@ -19,6 +19,7 @@ from vidax.sampling.loop import (
     reporting_steps,
     sample,
     sample_steps,
+    solver_step,
     static_guidance,
     step_hook,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "sample",
     "sample_steps",
     "shift_sigmas",
+    "solver_step",
     "static_guidance",
     "step_cache",
     "step_hook",

@@ -82,19 +82,30 @@ def sample_steps(
     n = solver.num_steps
     if not (0 <= start <= stop <= n):
         raise ValueError(f"need 0 <= start <= stop <= num_steps={n}, got start={start} stop={stop}")
-    timesteps = jnp.asarray(solver.timesteps)
 
     def body(i, carry):
-        x, state = carry
-        v = velocity_fn(x, timesteps[i])
-        if v.shape != x.shape:
-            raise ValueError(f"velocity_fn returned shape {v.shape} for a latent of {x.shape}")
-        x, state = solver.step(state, i, x, v)
+        x, state = solver_step(velocity_fn, carry[0], carry[1], solver, i)
         if on_step is not None:
             jax.debug.callback(lambda i: on_step(int(i)), i)
         return x, state
 
     return jax.lax.fori_loop(start, stop, body, (x, state))
+
+
+def solver_step(
+    velocity_fn: VelocityFn, x: jax.Array, state: Any, solver: Solver, i
+) -> tuple[jax.Array, Any]:
+    """Step `i` (may be traced) of `sample_steps`: one velocity, one solver update; returns
+    (x, state).
+
+    A host loop over steps compiles this once (i traced) and reports progress between calls:
+    a program with a host callback (`on_step` inside the loop) is never written to jax's
+    persistent compilation cache, so every new process would compile it again.
+    """
+    v = velocity_fn(x, jnp.asarray(solver.timesteps)[i])
+    if v.shape != x.shape:
+        raise ValueError(f"velocity_fn returned shape {v.shape} for a latent of {x.shape}")
+    return solver.step(state, i, x, v)
 
 
 def sample(
