@@ -754,6 +754,8 @@ def _causal_presets() -> dict[str, CausalPreset]:
                 query_tile=64,
             ),
             weights="tiny-causal",
+            # Trained on `tiny` run4's text encoder; `tiny` ships run6's since.
+            text_encoder=True,
         ),
     ]
     return {p.name: p for p in presets}
