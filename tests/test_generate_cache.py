@@ -58,6 +58,35 @@ def test_dvg_with_the_cache_runs_end_to_end():
     assert plain.latents.shape == both.latents.shape
 
 
+@pytest.mark.parametrize("accel", ["cache", "dvg+cache"])
+def test_progress_runs_the_same_cached_steps(accel):
+    # With a progress callback the loop runs from the host, one compiled step per call (no host
+    # callback in the programs, so jax's persistent cache keeps them): the same calibration,
+    # the same skips and the same latents as the one-program loop.
+    kw = dict(accel=accel, **KW33) | (dict(budget=0.5) if accel == "dvg+cache" else {})
+    prompt = "a blue square moving left"
+    steps: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax.debug, "callback", lambda *a, **k: pytest.fail("host callback"))
+        first = pipeline.generate("tiny", prompt, on_step=steps.append, **kw)
+    # dvg+cache calibrates with a full run, then runs DVG with the skips: two passes reported
+    assert first.step_cache.calibrating
+    assert steps == list(range(20)) * (2 if accel == "dvg+cache" else 1)
+    path = first.step_cache.calibration
+    stepped_calibration = pipeline._read_calibration(path)
+    path.unlink()
+    again = pipeline.generate("tiny", prompt, **kw)
+    assert again.step_cache.calibrating
+    np.testing.assert_allclose(pipeline._read_calibration(path), stepped_calibration, rtol=1e-5)
+
+    quiet = pipeline.generate("tiny", prompt, **kw)
+    steps.clear()
+    stepped = pipeline.generate("tiny", prompt, on_step=steps.append, **kw)
+    assert steps == list(range(20))
+    assert stepped.step_cache.skipped == quiet.step_cache.skipped > 0
+    np.testing.assert_allclose(stepped.latents, quiet.latents, atol=1e-4)
+
+
 def test_the_cache_runs_sharded():
     mesh = jax.make_mesh((2, 4), ("data", "seq"))
     kw = dict(prompt=["a red circle", "a blue square"], accel="cache", **KW)

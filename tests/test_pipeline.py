@@ -256,10 +256,10 @@ def test_a_fresh_progress_callback_compiles_nothing_new(model):
         video = pipeline.generate(model, "a red circle", on_step=second.append, **kw)
         assert _compiled_step.cache_info().misses == misses
         assert first == second == [0, 1, 2]
-        loops = _compiled_loop.cache_info().misses
         quiet = pipeline.generate(model, "a red circle", **kw)
+        loops = _compiled_loop.cache_info().misses
         pipeline.generate(model, "a red circle", **kw)
-        assert _compiled_loop.cache_info().misses == loops + 1
+        assert _compiled_loop.cache_info().misses == loops
     # With progress the loop runs from the host one compiled step at a time; without, as one
     # program: the same latents bit for bit.
     np.testing.assert_array_equal(video.latents, quiet.latents)
@@ -310,10 +310,10 @@ def test_a_second_dvg_generate_compiles_nothing_new():
         second = pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", on_step=print, **kw)
         assert sampler._StagePrograms.of.cache_info().misses == misses
         assert sampler._StagePrograms.of.cache_info().currsize == programs
+        pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", **kw)
         compiled = sampler._compiled.cache_info().misses
         pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", **kw)
-        pipeline.generate("hunyuanvideo1.5-tiny", "a red circle", **kw)
-        assert sampler._compiled.cache_info().misses == compiled + 1
+        assert sampler._compiled.cache_info().misses == compiled
     np.testing.assert_array_equal(first.latents, second.latents)
 
 

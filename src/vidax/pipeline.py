@@ -186,16 +186,24 @@ def denoise_cached(
 
 def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None):
     graphdef, state = nnx.split(model)
-    use_cfg = negative is not None and guidance != 1.0
-    if on_step is not None and skip is None:
-        latents, first_bad = _host_stepped(
-            graphdef, state, noise, cond, negative if use_cfg else None, solver, guidance, on_step
-        )
-        changes = None
+    negative = negative if negative is not None and guidance != 1.0 else None
+    guidance = sampling.static_guidance(guidance)
+    x = noise.astype(jnp.float32)
+    if on_step is None:
+        # The whole loop as one program; one scalar read after it: no per-step host sync.
+        run = _compiled_loop(graphdef, solver, guidance, skip)
+        latents, first_bad, changes = run(state, x, cond, negative)
     else:
-        latents, first_bad, changes = _fused(
-            graphdef, state, noise, cond, negative, solver, guidance, use_cfg, on_step, skip
-        )
+        # From the host, one compiled step per call, `on_step(i)` once step i has finished:
+        # a program with a host callback inside never goes to jax's persistent cache, so every
+        # new process (each `vidax generate` with its progress bar) would compile it again.
+        step = _compiled_step(graphdef, solver, guidance, skip)
+        carry = _compiled_init(solver, skip is not None)(x)
+        for i in range(solver.num_steps):
+            carry = jax.block_until_ready(step(state, cond, negative, carry, i))
+            on_step(i)
+        latents, (_, first_bad), *memory = carry
+        changes = memory[0][1] if memory else None
     step = int(first_bad)
     if step >= 0:
         raise ValueError(
@@ -203,32 +211,6 @@ def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None)
             f"{solver.num_steps}: check the weights, the prompt embeddings and the guidance scale"
         )
     return latents, None if changes is None else np.asarray(changes)
-
-
-def _host_stepped(graphdef, state, noise, cond, negative, solver, guidance, on_step):
-    """The loop driven from the host, one compiled step per call, `on_step(i)` once step i has
-    finished: with no host callback inside, the step program goes to jax's persistent cache
-    and a new process (the next `vidax generate`) loads it instead of compiling it."""
-    step = _compiled_step(graphdef, solver, sampling.static_guidance(guidance))
-    x = noise.astype(jnp.float32)
-    carry = (x, _compiled_init(solver)(x))
-    for i in range(solver.num_steps):
-        carry = jax.block_until_ready(step(state, cond, negative, carry, i))
-        on_step(i)
-    latents, (_, first_bad) = carry
-    return latents, first_bad
-
-
-def _fused(graphdef, state, noise, cond, negative, solver, guidance, use_cfg, on_step, skip):
-    """The whole loop as one program (progress, if asked, from a host callback inside)."""
-    run = _compiled_loop(
-        graphdef, solver, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
-    )
-    with sampling.reporting_steps(on_step):
-        latents, first_bad, changes = run(state, noise, cond, negative if use_cfg else None)
-        # One scalar read after the whole loop: no per-step host sync.
-        first_bad = int(first_bad)
-    return latents, first_bad, changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,37 +257,51 @@ def _velocity(graphdef, state, cond, negative, guidance) -> VelocityFn:
     return lambda x, t: model_fn(x, t, cond)
 
 
-# The compiled programs are cached on static values only (graphdef, solver, guidance, flags).
+# The compiled programs are cached on static values only (graphdef, solver, guidance, skips):
+# nothing per call (a progress bar, a lambda) goes into their keys.
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_step(graphdef, solver, guidance):
+def _compiled_step(graphdef, solver, guidance, skip=None):
+    """One step of the loop (step index traced); the carry is (x, solver state) and, with
+    `skip`, the step cache's memory."""
+    watched = _WatchFinite(solver)
+    reuse_at = None if skip is None else step_cache.reuse_mask(skip, 0, solver.num_steps)
+
     @jax.jit
     def step(state, cond, negative, carry, i):
         velocity = _velocity(graphdef, state, cond, negative, guidance)
-        x, solver_state = carry
-        return sampling.solver_step(velocity, x, solver_state, _WatchFinite(solver), i)
+        if reuse_at is None:
+            x, solver_state = carry
+            return sampling.solver_step(velocity, x, solver_state, watched, i)
+        x, solver_state, memory = carry
+        return step_cache.cached_step(velocity, x, solver_state, memory, watched, reuse_at, 0, i)
 
     return step
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_init(solver):
-    return jax.jit(_WatchFinite(solver).init)
+def _compiled_init(solver, cached: bool):
+    watched = _WatchFinite(solver)
+
+    def init(x):
+        if cached:
+            return x, watched.init(x), step_cache.init_memory(x, solver.num_steps)
+        return x, watched.init(x)
+
+    return jax.jit(init)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_loop(graphdef, solver, guidance, use_cfg: bool, progress: bool, skip=None):
-    # The progress callback goes through `sampling.step_hook`.
+def _compiled_loop(graphdef, solver, guidance, skip=None):
+    """The whole loop as one program: (latents, first non-finite step, the step cache's
+    errors or None)."""
 
     @jax.jit
-    def run(state, noise, cond, negative):
-        velocity = _velocity(graphdef, state, cond, negative if use_cfg else None, guidance)
+    def run(state, x, cond, negative):
+        velocity = _velocity(graphdef, state, cond, negative, guidance)
         watched = _WatchFinite(solver)
-        x = noise.astype(jnp.float32)
-        steps = dict(
-            start=0, stop=solver.num_steps, on_step=sampling.step_hook if progress else None
-        )
+        steps = dict(start=0, stop=solver.num_steps)
         if skip is None:
             x, (_, first_bad) = sampling.sample_steps(
                 velocity, x, watched, watched.init(x), **steps

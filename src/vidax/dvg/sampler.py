@@ -214,13 +214,18 @@ def _stage_parts(
     """Stage `index`'s velocity, solver, step callback (base-schedule step indices) and skips
     (the stage's own steps)."""
     stage = plan.stages[index]
-    solver = stage.solver
     callback = None if on_step is None else (lambda i: on_step(i + stage.start))
-    n = solver.num_steps
-    local = None
-    if skip is not None:  # the stage's steps are the base schedule's [start, start + n)
-        local = (tuple(skip[stage.start : stage.start + n]) + (False,) * n)[:n]
-    return stage_velocity(velocity_fn, plan, stage), solver, callback, local
+    local = _stage_skip(plan, index, skip)
+    return stage_velocity(velocity_fn, plan, stage), stage.solver, callback, local
+
+
+def _stage_skip(plan: Plan, index: int, skip: Sequence[bool] | None) -> tuple[bool, ...] | None:
+    """The base schedule's `skip` on stage `index`'s own steps (its [start, start + n))."""
+    if skip is None:
+        return None
+    stage = plan.stages[index]
+    n = stage.solver.num_steps
+    return (tuple(skip[stage.start : stage.start + n]) + (False,) * n)[:n]
 
 
 def transition(
@@ -362,38 +367,25 @@ def denoise(
       skip: (base steps,) steps that reuse the previous velocity (see `sample`).
     """
     graphdef, state = nnx.split(model)
-    use_cfg = negative is not None and guidance != 1.0
+    negative = negative if negative is not None and guidance != 1.0 else None
+    scale = sampling.static_guidance(guidance)
     skip = None if skip is None else tuple(bool(s) for s in skip)
-    if on_step is not None and skip is None:
-        programs = _StagePrograms.of(graphdef, plan, sampling.static_guidance(guidance))
-        return programs.run(
-            state,
-            noise.astype(jnp.float32),
-            cond,
-            negative if use_cfg else None,
-            key,
-            resume,
-            on_step,
-        )
-    run = _compiled(
-        graphdef, plan, sampling.static_guidance(guidance), use_cfg, on_step is not None, skip
-    )
-    with sampling.reporting_steps(on_step):
-        return jax.block_until_ready(
-            run(state, noise.astype(jnp.float32), cond, negative if use_cfg else None, key, resume)
-        )
+    noise = noise.astype(jnp.float32)
+    if on_step is None:
+        run = _compiled(graphdef, plan, scale, skip)
+        return jax.block_until_ready(run(state, noise, cond, negative, key, resume))
+    programs = _StagePrograms.of(graphdef, plan, scale, skip)
+    return programs.run(state, noise, cond, negative, key, resume, on_step)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(graphdef, plan: Plan, guidance, use_cfg, progress: bool, skip=None):
-    # Cached on static values only: the progress callback goes through `sampling.step_hook`.
-    on_step = sampling.step_hook if progress else None
-
+def _compiled(graphdef, plan: Plan, guidance, skip=None):
+    # Cached on static values only: nothing per call goes into the key.
     @jax.jit
     def run(state, noise, cond, negative, key, resume):
         model = nnx.merge(graphdef, state)
         velocity = model_velocity(model, cond, negative, guidance)
-        return sample(velocity, noise, plan, key=key, resume=resume, on_step=on_step, skip=skip)
+        return sample(velocity, noise, plan, key=key, resume=resume, skip=skip)
 
     return run
 
@@ -401,22 +393,33 @@ def _compiled(graphdef, plan: Plan, guidance, use_cfg, progress: bool, skip=None
 @dataclasses.dataclass(frozen=True)
 class _StagePrograms:
     """`sample` driven from the host, one compiled step per call, reporting each finished step:
-    with no host callback inside, jax's persistent cache keeps every stage's programs, so the
-    next process (the next `vidax generate --accel dvg`) loads them instead of compiling."""
+    a program with a host callback inside never goes to jax's persistent cache, so with one
+    every process (each `vidax generate --accel dvg` with its progress bar) compiled the stages
+    again. Each stage's step, its last step with the transition into the next stage, and the
+    entry are programs of their own (cached on the static values, like `_compiled`)."""
 
     graphdef: Any
     plan: Plan
     guidance: Any
+    skip: tuple[bool, ...] | None
 
     @staticmethod
     @functools.lru_cache(maxsize=32)
-    def of(graphdef, plan: Plan, guidance) -> _StagePrograms:
-        return _StagePrograms(graphdef, plan, guidance)
+    def of(graphdef, plan: Plan, guidance, skip) -> _StagePrograms:
+        return _StagePrograms(graphdef, plan, guidance, skip)
 
     def velocity(self, index: int, state, cond, negative):
         model = nnx.merge(self.graphdef, state)
         velocity = model_velocity(model, cond, negative, self.guidance)
         return stage_velocity(velocity, self.plan, self.plan.stages[index])
+
+    def reuse_at(self, index: int) -> np.ndarray | None:
+        """Stage `index`'s forecast steps (`step_cache.reuse_mask`), None if it has none."""
+        solver = self.plan.stages[index].solver
+        local = _stage_skip(self.plan, index, self.skip)
+        if local is None or not any(local):
+            return None
+        return sampling.step_cache.reuse_mask(local, 0, solver.num_steps)
 
     @functools.cached_property
     def enter(self):
@@ -428,14 +431,26 @@ class _StagePrograms:
 
     @functools.cached_property
     def init(self):
-        return jax.jit(lambda index, x: self.plan.stages[index].solver.init(x), static_argnums=0)
+        """Stage `index`'s solver state and (with forecast steps) the step cache's memory."""
+
+        def init(index, x):
+            solver = self.plan.stages[index].solver
+            memory = None
+            if self.reuse_at(index) is not None:
+                memory = sampling.step_cache.init_memory(x, solver.num_steps)
+            return solver.init(x), memory
+
+        return jax.jit(init, static_argnums=0)
 
     @functools.cached_property
     def step(self):
-        def step(index, state, cond, negative, x, solver_state, i):
+        def step(index, state, cond, negative, x, solver_state, memory, i):
             velocity = self.velocity(index, state, cond, negative)
-            return sampling.solver_step(
-                velocity, x, solver_state, self.plan.stages[index].solver, i
+            solver, reuse_at = self.plan.stages[index].solver, self.reuse_at(index)
+            if reuse_at is None:
+                return (*sampling.solver_step(velocity, x, solver_state, solver, i), memory)
+            return sampling.step_cache.cached_step(
+                velocity, x, solver_state, memory, solver, reuse_at, 0, i
             )
 
         return jax.jit(step, static_argnums=0)
@@ -468,10 +483,10 @@ class _StagePrograms:
         for index in range(start, len(stages)):
             stage, last = stages[index], index == len(stages) - 1
             n = stage.solver.num_steps
-            solver_state = self.init(index, x)
+            solver_state, memory = self.init(index, x)
             for i in range(n if last else n - 1):
-                x, solver_state = jax.block_until_ready(
-                    self.step(index, state, cond, negative, x, solver_state, i)
+                x, solver_state, memory = jax.block_until_ready(
+                    self.step(index, state, cond, negative, x, solver_state, memory, i)
                 )
                 on_step(stage.start + i)
             if not last:

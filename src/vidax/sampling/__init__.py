@@ -16,12 +16,10 @@ from vidax.sampling.loop import (
     classifier_free_guidance,
     predict_x0,
     renoise,
-    reporting_steps,
     sample,
     sample_steps,
     solver_step,
     static_guidance,
-    step_hook,
 )
 from vidax.sampling.schedulers import (
     SOLVERS,
@@ -45,12 +43,10 @@ __all__ = [
     "make_solver",
     "predict_x0",
     "renoise",
-    "reporting_steps",
     "sample",
     "sample_steps",
     "shift_sigmas",
     "solver_step",
     "static_guidance",
     "step_cache",
-    "step_hook",
 ]

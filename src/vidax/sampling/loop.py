@@ -10,9 +10,7 @@ compiled program (the step index is traced; the solver's tables are constants).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -215,38 +213,3 @@ def cfg_combine(cond: jax.Array, uncond: jax.Array, scale: float | jax.Array) ->
     """Classifier-free guidance of two velocities: uncond + scale (cond - uncond), in their
     dtype."""
     return uncond + jnp.asarray(scale, cond.dtype) * (cond - uncond)
-
-
-# -- progress from compiled loops -----------------------------------------------------------------
-
-_current_step_callback: Callable[[int], None] | None = None
-_reporting = threading.RLock()
-
-
-def step_hook(i: int) -> None:
-    """The host callback compiled into cached sampling programs: forwards step `i` to the
-    callable `reporting_steps` installed for the run in progress.
-
-    Compiled loops are cached on static arguments; closing over a caller's `on_step` made a
-    fresh callable (a new progress bar, a lambda) a cache miss, i.e. a recompile per call.
-    """
-    callback = _current_step_callback
-    if callback is not None:
-        callback(int(i))
-
-
-@contextlib.contextmanager
-def reporting_steps(on_step: Callable[[int], None] | None):
-    """Routes `step_hook` to `on_step` for the compiled run inside the block (one such run at a
-    time: concurrent callers wait); waits for the run's pending callbacks before leaving."""
-    global _current_step_callback
-    if on_step is None:
-        yield
-        return
-    with _reporting:
-        previous, _current_step_callback = _current_step_callback, on_step
-        try:
-            yield
-        finally:
-            jax.effects_barrier()
-            _current_step_callback = previous

@@ -116,37 +116,63 @@ def cached_steps(
       not measured: skipped steps, the segment's first step, steps outside [start, stop)).
     """
     n = solver.num_steps
-    if len(skip) != n:
-        raise ValueError(f"skip has {len(skip)} entries for {n} steps")
     if not (0 <= start <= stop <= n):
         raise ValueError(f"need 0 <= start <= stop <= num_steps={n}, got start={start} stop={stop}")
-    timesteps = jnp.asarray(solver.timesteps, jnp.float32)
-    reuse_at = jnp.asarray([bool(s) and i > start for i, s in enumerate(skip)])
+    reuse_at = reuse_mask(skip, start, n)
 
     def body(i, carry):
-        # last / before: the last two computed velocities and their timesteps.
-        x, state, (last, t_last, before, t_before, computed), changes = carry
-        reuse = reuse_at[i]
-        t = timesteps[i]
-        # A skipped step extrapolates the velocity linearly in t from the last two computed
-        # ones (the last one alone while there is only one).
-        slope = jnp.where(computed >= 2, (last - before) / (t_last - t_before), 0.0)
-        forecast = last + slope * (t - t_last)
-        v = jax.lax.cond(reuse, lambda: forecast, lambda: velocity_fn(x, t).astype(jnp.float32))
-        # What skipping this step would have cost: the forecast's error.
-        measured = jnp.where(reuse | (i == start), jnp.nan, relative_change(forecast, v))
-        history = jax.lax.cond(
-            reuse,
-            lambda: (last, t_last, before, t_before, computed),
-            lambda: (v, t, last, t_last, computed + 1),
-        )
-        x, state = solver.step(state, i, x, v.astype(x.dtype))
+        x, state, memory = carry
+        carry = cached_step(velocity_fn, x, state, memory, solver, reuse_at, start, i)
         if on_step is not None:
             jax.debug.callback(lambda i: on_step(int(i)), i)
-        return x, state, history, changes.at[i].set(measured)
+        return carry
 
-    changes = jnp.full((n,), jnp.nan, jnp.float32)
+    x, state, memory = jax.lax.fori_loop(start, stop, body, (x, state, init_memory(x, n)))
+    return x, state, memory[1]
+
+
+def reuse_mask(skip: Sequence[bool], start: int, num_steps: int) -> np.ndarray:
+    """(num_steps,) bools: the steps of a segment from `start` that forecast (a segment's first
+    step always computes)."""
+    if len(skip) != num_steps:
+        raise ValueError(f"skip has {len(skip)} entries for {num_steps} steps")
+    return np.asarray([bool(s) and i > start for i, s in enumerate(skip)])
+
+
+def init_memory(x: jax.Array, num_steps: int) -> tuple:
+    """What `cached_step` carries besides x and the solver state: the last two computed
+    velocities with their timesteps and how many there were, and the (num_steps,) errors."""
     zero, t0 = jnp.zeros(x.shape, jnp.float32), jnp.float32(0)
-    history = (zero, t0, zero, t0, jnp.int32(0))
-    x, state, _, changes = jax.lax.fori_loop(start, stop, body, (x, state, history, changes))
-    return x, state, changes
+    return (zero, t0, zero, t0, jnp.int32(0)), jnp.full((num_steps,), jnp.nan, jnp.float32)
+
+
+def cached_step(
+    velocity_fn: Callable[[jax.Array, jax.Array], jax.Array],
+    x: jax.Array,
+    state: Any,
+    memory: tuple,
+    solver: Solver,
+    reuse_at: np.ndarray,
+    start: int,
+    i,
+) -> tuple[jax.Array, Any, tuple]:
+    """Step `i` (may be traced) of `cached_steps`: returns (x, state, memory); `reuse_at` from
+    `reuse_mask`, `memory` from `init_memory` (or the step before)."""
+    # last / before: the last two computed velocities and their timesteps.
+    (last, t_last, before, t_before, computed), changes = memory
+    reuse = jnp.asarray(reuse_at)[i]
+    t = jnp.asarray(solver.timesteps, jnp.float32)[i]
+    # A skipped step extrapolates the velocity linearly in t from the last two computed
+    # ones (the last one alone while there is only one).
+    slope = jnp.where(computed >= 2, (last - before) / (t_last - t_before), 0.0)
+    forecast = last + slope * (t - t_last)
+    v = jax.lax.cond(reuse, lambda: forecast, lambda: velocity_fn(x, t).astype(jnp.float32))
+    # What skipping this step would have cost: the forecast's error.
+    measured = jnp.where(reuse | (i == start), jnp.nan, relative_change(forecast, v))
+    history = jax.lax.cond(
+        reuse,
+        lambda: (last, t_last, before, t_before, computed),
+        lambda: (v, t, last, t_last, computed + 1),
+    )
+    x, state = solver.step(state, i, x, v.astype(x.dtype))
+    return x, state, (history, changes.at[i].set(measured))
