@@ -142,7 +142,8 @@ def denoise(
     guidance: float,
     on_step: Callable[[int], None] | None = None,
 ) -> jax.Array:
-    """Runs the full sampler loop under one jit; returns the final latent (float32).
+    """Runs the full sampler loop (one jitted program; with `on_step`, one jitted step per call);
+    returns the final latent (float32).
 
     Args:
       model: a DiT called as `model(x, timestep (b,), **cond)`.
@@ -150,7 +151,8 @@ def denoise(
       cond / negative: conditioning pytrees with batch b (negative None disables CFG).
       solver: a `vidax.sampling` solver.
       guidance: classifier-free guidance scale (1 disables CFG).
-      on_step: host callback after each step (progress bars).
+      on_step: called on the host with i once step i has finished (progress bars); the loop
+        then runs one compiled step per call instead of one program.
 
     Raises:
       ValueError: the latent turned non-finite (NaN or inf), naming the first step where it did.

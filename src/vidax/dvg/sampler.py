@@ -354,7 +354,8 @@ def denoise(
     on_step: Callable[[int], None] | None = None,
     skip: Sequence[bool] | None = None,
 ) -> jax.Array:
-    """Runs a plan with a DiT under one jit (compiled once per plan); returns the latent.
+    """Runs a plan with a DiT (one jitted program per plan; with `on_step`, one jitted step per
+    call); returns the latent.
 
     Args:
       model: a DiT called as `model(x, timestep (b,), **cond, positions=(l, 3))`; a
