@@ -109,7 +109,7 @@ def override_changes(config, overrides: list[str]) -> dict:
 
 
 class _Progress:
-    """A rich progress bar over denoising steps, fed from inside the jitted loop.
+    """A rich progress bar over denoising steps, advanced on the host as each step finishes.
 
     The bar appears with the first step, so an error before sampling prints no empty bar.
     """
