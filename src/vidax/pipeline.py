@@ -199,13 +199,13 @@ def _denoise(model, noise, cond, negative, solver, guidance, on_step, skip=None)
         # From the host, one compiled step per call, `on_step(i)` once step i has finished:
         # a program with a host callback inside never goes to jax's persistent cache, so every
         # new process (each `vidax generate` with its progress bar) would compile it again.
-        step = _compiled_step(graphdef, solver, guidance, skip)
+        step_fn = _compiled_step(graphdef, solver, guidance, skip)
         carry = _compiled_init(solver, skip is not None)(x)
         for i in range(solver.num_steps):
-            carry = jax.block_until_ready(step(state, cond, negative, carry, i))
+            carry = jax.block_until_ready(step_fn(state, cond, negative, carry, i))
             on_step(i)
-        latents, (_, first_bad), *memory = carry
-        changes = memory[0][1] if memory else None
+        latents, (_, first_bad), memory = carry
+        changes = None if memory is None else memory[1]
     step = int(first_bad)
     if step >= 0:
         raise ValueError(
@@ -265,19 +265,16 @@ def _velocity(graphdef, state, cond, negative, guidance) -> VelocityFn:
 
 @functools.lru_cache(maxsize=16)
 def _compiled_step(graphdef, solver, guidance, skip=None):
-    """One step of the loop (step index traced); the carry is (x, solver state) and, with
-    `skip`, the step cache's memory."""
+    """One step of the loop (step index traced); the carry is (x, solver state, the step
+    cache's memory or None)."""
     watched = _WatchFinite(solver)
     reuse_at = None if skip is None else step_cache.reuse_mask(skip, 0, solver.num_steps)
 
     @jax.jit
     def step(state, cond, negative, carry, i):
         velocity = _velocity(graphdef, state, cond, negative, guidance)
-        if reuse_at is None:
-            x, solver_state = carry
-            return sampling.solver_step(velocity, x, solver_state, watched, i)
         x, solver_state, memory = carry
-        return step_cache.cached_step(velocity, x, solver_state, memory, watched, reuse_at, 0, i)
+        return sampling.carried_step(velocity, x, solver_state, memory, watched, reuse_at, i)
 
     return step
 
@@ -287,9 +284,8 @@ def _compiled_init(solver, cached: bool):
     watched = _WatchFinite(solver)
 
     def init(x):
-        if cached:
-            return x, watched.init(x), step_cache.init_memory(x, solver.num_steps)
-        return x, watched.init(x)
+        memory = step_cache.init_memory(x, solver.num_steps) if cached else None
+        return x, watched.init(x), memory
 
     return jax.jit(init)
 

@@ -447,11 +447,9 @@ class _StagePrograms:
     def step(self):
         def step(index, state, cond, negative, x, solver_state, memory, i):
             velocity = self.velocity(index, state, cond, negative)
-            solver, reuse_at = self.plan.stages[index].solver, self.reuse_at(index)
-            if reuse_at is None:
-                return (*sampling.solver_step(velocity, x, solver_state, solver, i), memory)
-            return sampling.step_cache.cached_step(
-                velocity, x, solver_state, memory, solver, reuse_at, 0, i
+            solver = self.plan.stages[index].solver
+            return sampling.carried_step(
+                velocity, x, solver_state, memory, solver, self.reuse_at(index), i
             )
 
         return jax.jit(step, static_argnums=0)

@@ -12,6 +12,7 @@
 from vidax.sampling import step_cache
 from vidax.sampling.loop import (
     ExpertGuidance,
+    carried_step,
     cfg_combine,
     classifier_free_guidance,
     predict_x0,
@@ -38,6 +39,7 @@ __all__ = [
     "Solver",
     "UniPC",
     "UniPCState",
+    "carried_step",
     "cfg_combine",
     "classifier_free_guidance",
     "make_solver",

@@ -106,6 +106,25 @@ def solver_step(
     return solver.step(state, i, x, v)
 
 
+def carried_step(
+    velocity_fn: VelocityFn,
+    x: jax.Array,
+    state: Any,
+    memory: Any,
+    solver: Solver,
+    reuse_at,
+    i,
+) -> tuple[jax.Array, Any, Any]:
+    """What a host loop runs per step, one carry shape either way: `solver_step` (`reuse_at`
+    None; `memory`, then None, passes through), or the step cache's `cached_step` with its
+    `memory` (`reuse_at` from `step_cache.reuse_mask` of a segment starting at step 0).
+    Returns (x, state, memory)."""
+    if reuse_at is None:
+        x, state = solver_step(velocity_fn, x, state, solver, i)
+        return x, state, memory
+    return step_cache.cached_step(velocity_fn, x, state, memory, solver, reuse_at, 0, i)
+
+
 def sample(
     velocity_fn: VelocityFn,
     x: jax.Array,
