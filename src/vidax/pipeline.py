@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vidax import dvg, sampling
+from vidax import dvg, progress, sampling
 from vidax.checkpoint import CheckpointError, write_atomic
 from vidax.data import read_prompt
 from vidax.models.dit_stages import VideoDiT
@@ -619,10 +619,18 @@ def generate(
             changes = _read_calibration(path)
             calibrating = changes is None
             if changes is None:
+                passes = 2 if accel == "dvg+cache" else 1  # calibrate, then DVG's run
                 latents, changes = denoise_cached(
-                    transformer, noise, cond, negative, skip=(False,) * steps, **sampler_kw
+                    transformer,
+                    noise,
+                    cond,
+                    negative,
+                    skip=(False,) * steps,
+                    **{**sampler_kw, "on_step": progress.share(on_step, steps, 0, passes)},
                 )
                 _write_calibration(path, changes)
+                if passes == 2:
+                    sampler_kw["on_step"] = progress.share(on_step, steps, 1, passes)
             if accel == "dvg+cache" or not calibrating:
                 keep = budget if accel == "cache" and budget is not None else None
                 skip = step_cache.plan_skips(

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vidax import sampling
+from vidax import progress, sampling
 from vidax.dvg import selector
 from vidax.dvg.schedule import Plan, Schedule, Stage, StagePlan, reduced_shape
 from vidax.dvg.schedule import plan as plan_schedule
@@ -645,18 +645,11 @@ def accelerate(
         multiple=_mesh_multiple(),
         **options,
     )
-    run = functools.partial(
-        denoise,
-        model,
-        guidance=guidance,
-        key=key,
-        on_step=on_step,
-        skip=skip,
-    )
+    run = functools.partial(denoise, model, guidance=guidance, key=key, skip=skip)
 
     if accel == "none" or budget >= 1:
         full = Schedule.full(n)
-        latents = run(noise, cond, negative, plan=make_plan(full))
+        latents = run(noise, cond, negative, plan=make_plan(full), on_step=on_step)
         return latents, [selector.Choice("none", full, 1.0, 0.0, None)] * batch
 
     reducing = tuple(
@@ -689,7 +682,7 @@ def accelerate(
             latent, patch, solver.sigmas, fitted, None, policy=policy, families=families
         )
         assert choice is not None  # `affordable` fitted the budget to a candidate
-        latents = run(noise, cond, negative, plan=make_plan(choice.schedule))
+        latents = run(noise, cond, negative, plan=make_plan(choice.schedule), on_step=on_step)
         return latents, [choice] * batch
 
     budget = affordable(reducing, first)
@@ -708,7 +701,7 @@ def accelerate(
     for i, c in enumerate(choices):
         groups.setdefault(c.schedule, []).append(i)
     parts = {}
-    for schedule, rows in groups.items():
+    for g, (schedule, rows) in enumerate(groups.items()):
         idx = np.asarray(rows)
         parts[schedule] = run(
             noise[idx],
@@ -717,6 +710,8 @@ def accelerate(
             plan=make_plan(schedule),
             # the probe is this schedule's first stage: continue from it
             resume=probed.take(idx) if probed.resumes(schedule) else None,
+            # one bar over the steps for all the groups, each running its own schedule
+            on_step=progress.share(on_step, n, g, len(groups)),
         )
     if len(groups) == 1:
         return parts[choices[0].schedule], choices
