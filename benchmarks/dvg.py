@@ -12,6 +12,7 @@ compiled step's HLO (abstract weights, full depth).
 
     python benchmarks/dvg.py                       # everything
     python benchmarks/dvg.py --prompts 8 --no-large  # 8 prompts spread over the categories
+    python benchmarks/dvg.py --random 16 --no-large  # 16 fresh draws (+ the oracle row, always)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from vidax import dvg, metrics, pipeline
-from vidax.data import EVAL_PROMPTS
+from vidax.data import EVAL_PROMPTS, random_eval_prompts
 from vidax.eval.harness import TABLE_METRICS
 from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
@@ -146,7 +147,12 @@ def run_tiny(args) -> None:
     cfg_batch = 1 if family.embedded_guidance else 2
     # dvg runs under the preset's policy (as `pipeline.generate` does); the fixed families as asked
     dvg_policy = dvg.Policy(spatial=spec.dvg_spatial)
-    prompts = _spread(EVAL_PROMPTS, args.prompts)
+    if args.random:
+        prompts = list(random_eval_prompts(args.random, args.seed))
+        prompt_set = f"{len(prompts)} random draws from seed {args.seed}"
+    else:
+        prompts = _spread(EVAL_PROMPTS, args.prompts)
+        prompt_set = f"{len(prompts)} eval prompts"
     source = ", ".join(f"{k} {v}" for k, v in (("DiT", args.transformer), ("VAE", args.vae)) if v)
     source = source or "shipped weights"
     if random_weights:
@@ -155,7 +161,7 @@ def run_tiny(args) -> None:
         f"model {spec.name} ({source})\n"
         f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
         f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
-        f"budget {args.budget:.3g} (token-steps), {len(prompts)} eval prompts"
+        f"budget {args.budget:.3g} (token-steps), {prompt_set}"
     )
 
     def conditioning(prompt):
@@ -284,12 +290,31 @@ def run_tiny(args) -> None:
             f"{n:<12} {wall['full'] / wall[n]:>7.2f} {flop_speedups[n]:>7.2f} "
             f"{statistics.mean(costs):>9.3f} {psnr:>8.2f} {ssim:>6.3f} {lat:>8.2f} {worst:>26}"
         )
+    # The oracle: per video, the fixed family whose video came closest to full (PSNR), i.e.
+    # what a selector that knew the answer would pick among them.
+    best = [max(FIXED, key=lambda m, i=i: results[m][i]["psnr"]) for i in range(len(prompts))]
+    summary["oracle"] = metrics.summarise([results[m][i] for i, m in enumerate(best)])
+    o = summary["oracle"]
+    oracle_cost = statistics.mean(choices[m][i].cost for i, m in enumerate(best))
+    print(
+        f"{'oracle':<12} {'-':>7} {'-':>7} {oracle_cost:>9.3f} {o['psnr'].mean:>8.2f} "
+        f"{o['ssim'].mean:>6.3f} {o['latent_psnr'].mean:>8.2f} "
+        f"{_worst_metric(summary['full'], o):>26}"
+    )
     print()
-    print("metric means (full | dvg | spatial | temporal | joint | fewer-steps):")
+    columns = [*names, "oracle"]
+    print(f"metric means ({' | '.join(columns)}):")
     for k in (*SUITE, "psnr", "ssim", "perceptual_distance"):
-        row = [summary[n][k].mean if k in summary[n] else float("nan") for n in names]
+        row = [summary[n][k].mean if k in summary[n] else float("nan") for n in columns]
         print(f"  {k:<26}" + " ".join(f"{v:>9.4g}" for v in row))
     print()
+    matched = sum(c.family == m for c, m in zip(choices["dvg"], best, strict=True))
+    picks = {m: best.count(m) for m in FIXED if best.count(m)}
+    print(
+        f"oracle (best fixed family per video by PSNR): "
+        f"{', '.join(f'{k} x{v}' for k, v in picks.items())}; DVG chose that family for "
+        f"{matched} of {len(prompts)} videos"
+    )
     families = {}
     for c in choices["dvg"]:
         families[c.family] = families.get(c.family, 0) + 1
@@ -497,6 +522,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--prompts", type=int, default=len(EVAL_PROMPTS))
+    parser.add_argument(
+        "--random", type=int, default=0, help="score N fresh draws instead of the eval prompts"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="first seed of the --random draws")
     parser.add_argument("--budget", type=float, default=dvg.DEFAULT_BUDGET)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--shift", type=float, default=None)
