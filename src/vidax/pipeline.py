@@ -459,7 +459,8 @@ def generate(
         tokenizer beside or inside it; `WordEncoder`: its .safetensors file or folder).
       decode_frames: decode latents to frames with the VAE.
       mesh / strategy: run sharded over `mesh` with a `vidax.sharding` strategy.
-      on_step: host callback per denoising step.
+      on_step: host callback with the index of each finished denoising step; a run of several
+        passes (dvg+cache calibrating first) reports them as one run (`vidax.progress.share`).
       accel: progressive sampling (`vidax.dvg.accelerate`): "dvg" (content-aware), "spatial",
         "temporal", "joint"; "cache": a step cache (`vidax.sampling.step_cache`: forwards whose
         output barely changes reuse the previous one, planned from this model's calibration,
