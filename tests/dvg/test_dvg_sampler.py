@@ -10,6 +10,8 @@ import pytest
 from flax import nnx
 
 from vidax import dvg, pipeline
+from vidax.dvg import sampler as dvg_sampler
+from vidax.dvg import selector
 from vidax.models.registry import get
 from vidax.sampling import FlowEuler, UniPC
 from vidax.sharding import make_mesh, param_shardings, use_mesh
@@ -152,8 +154,31 @@ def test_accel_modes_run_few_step_schedules_within_budget(toy, accel):
     assert choice.schedule.num_steps == 4 and choice.cost <= 0.6
     if accel != "dvg":
         assert choice.family == accel
-    else:
+    else:  # several schedules fit: the probe measured the video
+        families = ("spatial", "temporal", "joint")
+        assert selector.settled(LATENT, (1, 2, 2), solver.sigmas, 0.6, families=families) is None
         assert choice.signals is not None and all(0 <= s <= 1 for s in choice.signals)
+
+
+def test_a_settled_choice_spends_no_probe(toy, monkeypatch):
+    # Temporal-only at this budget, one schedule wins for any content: DVG runs it without the
+    # probe (which would cost 0.25 more here), the same video as the temporal family's.
+    model, cond, negative, noise = toy
+    solver = UniPC(num_steps=4, shift=3.0)
+    policy = dvg.Policy(spatial=False)
+    kw = dict(solver=solver, guidance=GUIDANCE, budget=0.8, policy=policy)
+    want, (fixed,) = dvg.accelerate(model, noise, cond, negative, accel="temporal", **kw)
+    settled = selector.settled(LATENT, (1, 2, 2), solver.sigmas, 0.8, policy=policy)
+    assert settled is not None and settled.schedule == fixed.schedule
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the probe ran for a settled choice")
+
+    monkeypatch.setattr(dvg_sampler, "probe", no_probe)
+    got, (choice,) = dvg.accelerate(model, noise, cond, negative, accel="dvg", **kw)
+    assert choice.schedule == fixed.schedule and choice.signals is None
+    assert choice.cost == pytest.approx(fixed.cost)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_bad_accel_and_budget_raise(toy):

@@ -17,6 +17,7 @@ from vidax.dvg import (
     probe_stage,
     reduced_shape,
     relative_cost,
+    selector,
     step_flops,
 )
 from vidax.models.wan import PRESETS
@@ -182,3 +183,21 @@ def test_a_policy_without_space_keeps_only_temporal_ladders():
     assert found and {c.family for c in found} == {"temporal"}
     # the probe moves to the coarsest temporal grid (3 frames at full spatial size)
     assert probe_stage((9, 16, 16), PATCH, 20, policy) == Stage(4, 1, 5)
+
+
+def test_settled_when_the_content_cannot_change_the_choice():
+    latent, patch = (9, 16, 16), (1, 2, 2)
+    temporal = Policy(spatial=False)
+    # below every temporal schedule of 20 steps, only the cheapest is left
+    one = selector.select(latent, patch, SOLVER.sigmas, 0.2, None, policy=temporal)
+    assert one is None
+    got = selector.settled(latent, patch, SOLVER.sigmas, 0.2, policy=temporal)
+    assert got is not None and got.signals is None
+    assert got.cost == pytest.approx(
+        selector.cheapest(latent, patch, SOLVER.sigmas, policy=temporal)
+    )
+    # with spatial and joint ladders, still and detailed videos pick differently: not settled
+    assert selector.settled(latent, patch, SOLVER.sigmas, 0.2) is None
+    still = selector.select(latent, patch, SOLVER.sigmas, 0.2, (0.0, 1.0))
+    moving = selector.select(latent, patch, SOLVER.sigmas, 0.2, (1.0, 0.0))
+    assert still.schedule != moving.schedule

@@ -675,6 +675,12 @@ def accelerate(
         return cheapest
 
     first = probe_stage(latent, patch, n, policy) if accel == "dvg" else None
+    if first is not None and selector.settled(
+        latent, patch, solver.sigmas, budget, policy=policy, families=reducing
+    ):
+        # one schedule wins for any content (e.g. the only one the budget affords): measuring
+        # the video would change nothing, so its probe steps are not spent
+        first = None
     if first is None:
         families = reducing if accel == "dvg" else (accel,)
         fitted = affordable(families, None)

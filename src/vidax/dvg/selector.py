@@ -2,7 +2,8 @@
 
 1. **Probe.** The first steps of the base schedule run on the coarsest grid (`Policy.probe`
    of the steps, a few percent of the compute); their last update returns the clean prediction
-   x0 (`vidax.dvg.sampler.probe`).
+   x0 (`vidax.dvg.sampler.probe`). When one schedule wins whatever the signals (`settled`:
+   e.g. the budget affords only one), no probe runs and its steps are saved.
 2. **Signals** of that x0 (`measure`), both scale-free ratios in [0, 1]:
    - motion m: the mean energy of temporal differences of x0, as a fraction of its variance
      (0 for a still scene, about 1 for unrelated frames);
@@ -365,6 +366,40 @@ def select(
     if not found:
         return None
     return _pick(found, terms, costs, signals, policy)
+
+
+def settled(
+    latent: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    base_sigmas,
+    budget: float,
+    *,
+    policy: Policy = DEFAULT_POLICY,
+    families: Sequence[str] = FAMILIES,
+) -> Choice | None:
+    """The choice when the content cannot change it, else None.
+
+    Without a probe (whose cost could itself be spent on the schedule), the candidates that fit
+    `budget` (or, below every one, the cheapest) are ranked for signals on an 11 x 11 grid
+    over [0, 1]^2; when one schedule wins everywhere, e.g. because the budget affords only one,
+    measuring the video would change nothing, and the probe's steps are saved.
+    """
+    sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
+    fitted = float(budget)
+    if select(latent, patch, sigmas, fitted, None, policy=policy, families=families) is None:
+        lowest = cheapest(latent, patch, sigmas, policy=policy, families=families)
+        if lowest is None:
+            return None
+        fitted = lowest
+    found, terms, costs = _table(
+        tuple(latent), tuple(patch), sigmas, fitted, policy, tuple(families), None
+    )
+    grid = np.linspace(0.0, 1.0, 11)
+    first = _pick(found, terms, costs, (0.0, 0.0), policy)
+    for m, d in itertools.product(grid, grid):
+        if _pick(found, terms, costs, (float(m), float(d)), policy).schedule != first.schedule:
+            return None
+    return dataclasses.replace(first, signals=None)
 
 
 def cheapest(
