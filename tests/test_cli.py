@@ -361,6 +361,20 @@ def test_generate_with_accel_says_what_dvg_chose(tmp_path):
     assert "of the full sampler's token-steps; denoising" in line
 
 
+@pytest.mark.parametrize(
+    ("budget", "said"),
+    [("0.2", " (no probe: the same for any content at this budget), "), ("0.4", " for motion ")],
+)
+def test_generate_with_dvg_says_whether_it_measured_the_video(tmp_path, budget, said):
+    # tiny is temporal-only: at 0.2 one schedule wins for any content, at 0.4 the probe decides
+    args = ["generate", "--prompt", "a red circle", "--out", str(tmp_path / "v.mp4")]
+    args += ["--frames", "33", "--height", "32", "--width", "32", "--accel", "dvg"]
+    result = runner.invoke(app, [*args, "--budget", budget])
+    assert result.exit_code == 0, result.output
+    line = next(s for s in result.output.splitlines() if s.startswith("accel dvg: "))
+    assert said in line and "chose temporal t/8 s/1 x" in line
+
+
 def test_generate_with_the_step_cache_calibrates_then_skips(tmp_path, monkeypatch):
     monkeypatch.setenv("VIDAX_STEP_CACHE_DIR", str(tmp_path / "calibrations"))
     args = ["generate", "--prompt", "a red circle", *SMALL, "--steps", "10", "--accel", "cache"]

@@ -350,8 +350,15 @@ def generate(
     if video.frames is None:
         raise ValueError(f"model {spec.name!r} has no VAE to decode frames")
     for choice in video.choices or []:
+        measured = ""
+        if accel.startswith("dvg"):
+            measured = (
+                f" for motion {choice.signals[0]:.2f}, detail {choice.signals[1]:.2f}"
+                if choice.signals is not None
+                else " (no probe: the same for any content at this budget)"
+            )
         console.print(
-            f"accel {accel}: chose {choice.family} {choice.schedule.describe()}, "
+            f"accel {accel}: chose {choice.family} {choice.schedule.describe()}{measured}, "
             f"{choice.cost:.2f} of the full sampler's token-steps; denoising "
             f"{video.denoise_seconds:.1f}s",
             highlight=False,
