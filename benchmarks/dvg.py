@@ -266,7 +266,8 @@ def run_tiny(args) -> None:
             for c in choices[n]:
                 p = dvg.plan(c.schedule, latent[:3], spec.config.patch_size, solver)
                 f = plan_flops(args.model, p, cfg_batch)
-                if n == "dvg":  # the probe's steps (reused when the schedule starts with them)
+                if n == "dvg" and c.signals is not None:  # the probe ran (a settled choice
+                    # spends none); its steps are reused when the schedule starts with them
                     probe = dvg.probe_stage(latent[:3], spec.config.patch_size, steps, dvg_policy)
                     if probe is not None and c.schedule.stages[0] != probe:
                         pp = dvg.plan(
