@@ -385,15 +385,13 @@ def settled(
     measuring the video would change nothing, and the probe's steps are saved.
     """
     sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
-    fitted = float(budget)
-    if select(latent, patch, sigmas, fitted, None, policy=policy, families=families) is None:
+    table = functools.partial(_table, tuple(latent), tuple(patch), sigmas)
+    found, terms, costs = table(float(budget), policy, tuple(families), None)
+    if not found:
         lowest = cheapest(latent, patch, sigmas, policy=policy, families=families)
         if lowest is None:
             return None
-        fitted = lowest
-    found, terms, costs = _table(
-        tuple(latent), tuple(patch), sigmas, fitted, policy, tuple(families), None
-    )
+        found, terms, costs = table(lowest, policy, tuple(families), None)
     grid = np.linspace(0.0, 1.0, 11)
     first = _pick(found, terms, costs, (0.0, 0.0), policy)
     for m, d in itertools.product(grid, grid):
