@@ -754,7 +754,7 @@ def _causal_presets() -> dict[str, CausalPreset]:
                 query_tile=64,
             ),
             weights="tiny-causal",
-            # Trained on `tiny` run4's text encoder; `tiny` ships run6's since.
+            # Trained on `tiny` run4's text encoder; `tiny` ships run7's since.
             text_encoder=True,
         ),
     ]
