@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import gc
 import hashlib
 import json
@@ -56,20 +57,29 @@ from flax import nnx
 
 from vidax import dvg, pipeline, sampling
 from vidax.checkpoint import save_model
+from vidax.kernels.pbsa import pbsa, pbsa_reference
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get
 from vidax.nn.attention import _device as attention_device
-from vidax.nn.attention import choose_impl
+from vidax.nn.attention import attention, choose_impl
 from vidax.text import fit_prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
-DEFAULT_TOTAL_S = 435.0  # the caps below add up to this; 8 minutes with kill grace and pip
+DEFAULT_TOTAL_S = 495.0  # the caps below add up to this; 9 minutes with kill grace and pip
 MIN_SECTION_S = 10.0  # a section with less time left than this is skipped
 SMOKE_MIN_SECTION_S = 1.0
 # Denoising settings of Wan 2.1 at 480p (its diffusers scheduler config; the registry's defaults).
 STEPS, SHIFT, GUIDANCE = 50, 3.0, 5.0
 DVG_BUDGETS = (0.2, 0.33)
+# PBSA at Wan 2.1 1.3B 480p (docs/sparse_forcing.md): 1560 tokens a latent frame (30 x 52 after
+# the 2x2 patch), 12 heads of 128, a 3-frame chunk of queries over a sink 3 + window 15 frame
+# pool of 60-token blocks (26 a frame), selection tiles of 120 queries (13 a frame).
+PBSA_SIZES = {"frame": 1560, "heads": 12, "head_dim": 128, "chunk": 3, "pool_frames": 18}
+PBSA_SIZES |= {"block": 60, "block_q": 120}
+SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
+SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
+PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
 # Toy models for --smoke: the same code paths at sizes a CPU runs in seconds.
 SMOKE_CONFIGS = {
     "wan2.1-1.3b": wan.WanConfig(
@@ -371,6 +381,24 @@ def _ceilings_row(r: dict) -> tuple[str, str, str, str]:
         "",
         f"matmul {r.get('matmul_n')}^3, copy {_num(r, 'copy_gib', '.3g')} GiB (read + write)",
     )
+
+
+def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
+    pct = [round(100 * f) for f in PBSA_FRACTIONS]
+    kernel = ", ".join(
+        f"{p}%: {_num(r, f'kernel_ms_{p}', '.2f')} ms ({_num(r, f'speedup_{p}', '.2f')}x)"
+        for p in pct
+        if f"kernel_ms_{p}" in r
+    )
+    rates = ", ".join(
+        f"{p}% {_num(r, f'key_rate_{p}', '.2f')}" for p in pct if f"key_rate_{p}" in r
+    )
+    notes = (
+        f"{r.get('backend', '?')} kernel vs dense {r.get('dense_impl', '?')} "
+        f"{_num(r, 'dense_ms', '.2f')} ms over {r.get('keys', '?')} keys; per-key rate vs dense: "
+        f"{rates}; max rel err vs reference {_num(r, 'max_rel_err', '.1e')} (ragged, GQA)"
+    )
+    return kernel, "", "", notes
 
 
 # -- timing, FLOPs and memory ---------------------------------------------------------------------
@@ -1110,6 +1138,97 @@ def _layers_that_fit(ctx: Context, full: wan.WanConfig, latent) -> int:
     compile_s = 1.5 * prior.get("vidax_compile_s", 10.0 if ctx.smoke else 40.0)
     fit = int((0.8 * ctx.left() - compile_s - 10) / layer_s)
     return max(1, min(full.num_layers, fit))
+
+
+@section(
+    "pbsa",
+    cap_s=60,
+    headline=("dense_ms", "kernel_ms_30", "speedup_30", "key_rate_30", "max_rel_err"),
+    row=_pbsa_row,
+)
+def pbsa_section(ctx: Context) -> dict:
+    """Sparse Forcing's block-sparse attention (PBSA) at Wan 1.3B 480p: the kernel against dense
+    attention over the whole pool at 100/50/30/15% of the blocks, and against its reference."""
+    z = SMOKE_PBSA_SIZES if ctx.smoke else PBSA_SIZES
+    n, hd, bs, bq = z["heads"], z["head_dim"], z["block"], z["block_q"]
+    lq, slots = z["chunk"] * z["frame"], z["pool_frames"] * z["frame"] // bs
+    nq, dtype = lq // bq, jnp.bfloat16
+    # On the CPU the kernel runs interpreted (the TPU kernel): a check, not a measurement.
+    kernel = functools.partial(pbsa, block_q=bq, interpret=ctx.smoke)
+    backend = "tpu (interpreted)" if ctx.smoke else jax.default_backend()
+    rng = np.random.default_rng(3)
+
+    def inputs(n_kv: int):
+        q = jnp.asarray(rng.standard_normal((1, n, lq, hd)), dtype)
+        pool = [jnp.asarray(rng.standard_normal((1, n_kv, slots, bs, hd)), dtype) for _ in "kv"]
+        return q, *pool
+
+    def selection(n_kv: int, count: int, ragged: bool):
+        """Distinct random slots per query tile (what a top-k gives); ragged: fewer, some none."""
+        idx = np.argsort(rng.random((1, n_kv, nq, slots)), axis=-1)[..., :count]
+        cnt = np.full((1, n_kv, nq), count)
+        if ragged:
+            cnt = rng.integers(0, count + 1, cnt.shape)
+            cnt.flat[0] = 0  # at least one empty row
+        return jnp.asarray(idx, jnp.int32), jnp.asarray(cnt, jnp.int32)
+
+    # Correctness first, on fresh selections with ragged counts, empty rows, partly filled
+    # slots, with and without GQA (2 query heads per KV head).
+    errors = []
+    for n_kv in (n, n // 2):
+        q, pk, pv = inputs(n_kv)
+        idx, cnt = selection(n_kv, max(1, slots // 3), ragged=True)
+        lens = jnp.asarray(rng.integers(1, bs + 1, (1, n_kv, slots)), jnp.int32)
+        ours = jax.jit(kernel)(q, pk, pv, idx, cnt, slot_len=lens)
+        ref = jax.jit(functools.partial(pbsa_reference, block_q=bq))(
+            q, pk, pv, idx, cnt, slot_len=lens
+        )
+        errors.append(rel_diff(np.asarray(ours), np.asarray(ref)))
+    ctx.record(backend=backend, max_rel_err=max(errors), lq=lq, keys=slots * bs, slots=slots)
+
+    q, pk, pv = inputs(n)
+    keys = pk.reshape(1, n, slots * bs, hd).transpose(0, 2, 1, 3)
+    values = pv.reshape(1, n, slots * bs, hd).transpose(0, 2, 1, 3)
+    qt = q.transpose(0, 2, 1, 3)
+    # The dense baseline is what a dense Self-Forcing layer runs: `attention(impl="auto")`.
+    platform_name, capability = attention_device()
+    impl, why = choose_impl(
+        platform_name, qt.shape, keys.shape, dtype, False, compute_capability=capability
+    )
+    dense, _, _ = compile_jax(lambda q, k, v: attention(q, k, v), qt, keys, values)
+    times, _ = time_jax(dense, qt, keys, values, budget_s=0.1 * ctx.left())
+    dense_s = statistics.median(times)
+    flops = 4 * n * lq * slots * bs * hd
+    ctx.record(
+        dense_impl=impl,
+        dense_reason=why,
+        dense_ms=1e3 * dense_s,
+        dense_tflops=flops / dense_s / 1e12,
+    )
+    for i, frac in enumerate(PBSA_FRACTIONS):
+        p = round(100 * frac)
+        idx, cnt = selection(n, max(1, round(frac * slots)), ragged=False)
+        run, _, _ = compile_jax(kernel, q, pk, pv, idx, cnt)
+        share = 0.6 / (len(PBSA_FRACTIONS) - i)  # of the time left, so each fraction gets one
+        times, _ = time_jax(
+            run, q, pk, pv, idx, cnt, lo=3 if ctx.smoke else 10, budget_s=share * ctx.left()
+        )
+        s = statistics.median(times)
+        # Per-key throughput relative to dense: 1.0 = as many keys a second as dense attention.
+        ctx.record(
+            **{
+                f"kernel_ms_{p}": 1e3 * s,
+                f"speedup_{p}": dense_s / s,
+                f"key_rate_{p}": frac * dense_s / s,
+            }
+        )
+        if p == 30:  # the XLA reference (gather, attend) at the fraction the headline reads
+            ref, _, _ = compile_jax(
+                functools.partial(pbsa_reference, block_q=bq), q, pk, pv, idx, cnt
+            )
+            times, _ = time_jax(ref, q, pk, pv, idx, cnt, lo=3, budget_s=0.1 * ctx.left())
+            ctx.record(reference_ms_30=1e3 * statistics.median(times))
+    return {}
 
 
 # -- running --------------------------------------------------------------------------------------
