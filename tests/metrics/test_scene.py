@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vidax.data import EVAL_PROMPTS, ClipSpec, ObjectSpec, caption, render
+from vidax.data.shapes import PALETTE
 from vidax.metrics import (
     caption_adherence,
     evaluate,
@@ -13,6 +14,7 @@ from vidax.metrics import (
     motion_magnitude,
     shapes_read,
     subject_consistency,
+    subject_scores,
     summarise,
     trajectory_error,
 )
@@ -222,3 +224,21 @@ def test_bad_inputs_raise(rendered):
     with pytest.raises(ValueError):
         caption_adherence(video, "a purple hexagon")
     assert caption(PROMPTS["fast-0"].spec) == PROMPTS["fast-0"].caption
+
+
+def test_subject_scores_are_the_terms_subject_consistency_averages():
+    spec = PROMPTS["multi-1"].spec
+    video = render(spec, 32)[0]
+    # A speck of an unasked colour in a quarter of the frames is a (weak) object of its own.
+    asked = {o.colour for o in spec.objects}
+    unasked = next(c for c in PALETTE if c not in asked)
+    speck = video.copy()
+    speck[::4, 2:6, 2:6] = np.asarray(PALETTE[unasked]) * 2 - 1
+    for v in (video, speck):
+        parts = subject_scores(v)
+        assert subject_consistency(v) == pytest.approx(np.mean([p.score for p in parts]), abs=0)
+    assert {p.colour for p in subject_scores(video)} == asked
+    extra = [p for p in subject_scores(speck) if p.colour not in asked]
+    assert len(extra) == 1 and extra[0].presence == pytest.approx(0.25)
+    assert extra[0].shape_agreement == 1.0 and extra[0].area_stability == 1.0
+    assert subject_consistency(speck) < subject_consistency(video) - 0.2

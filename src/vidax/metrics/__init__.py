@@ -7,8 +7,9 @@ palette shapes of `vidax.data.shapes` clips and judge them against the caption o
 - Reference fidelity: `psnr`, `ssim`, `perceptual_distance`.
 - Temporal stability: `temporal_flicker` (static-region MAE), `flicker_score` (VBench).
 - Objects: `palette_labels`, `find_blobs`, `track_objects`.
-- Scene: `subject_consistency`, `motion_fidelity`, `motion_magnitude`, `trajectory_error`,
-  `caption_adherence`, `shapes_read` (asked vs read shape per caption object).
+- Scene: `subject_consistency` (its per-object terms: `subject_scores`), `motion_fidelity`,
+  `motion_magnitude`, `trajectory_error`, `caption_adherence`, `shapes_read` (asked vs read
+  shape per caption object).
 - `evaluate(video, caption_or_spec, reference=None)` bundles them; `summarise` averages.
 """
 
@@ -29,6 +30,7 @@ from vidax.metrics.scene import (
     motion_magnitude,
     shapes_read,
     subject_consistency,
+    subject_scores,
     trajectory_error,
 )
 from vidax.metrics.temporal import flicker_score, temporal_flicker
@@ -51,6 +53,7 @@ __all__ = [
     "shapes_read",
     "ssim",
     "subject_consistency",
+    "subject_scores",
     "summarise",
     "temporal_flicker",
     "track_objects",

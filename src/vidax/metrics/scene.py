@@ -11,6 +11,8 @@ segments a video once.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from vidax.data.shapes import (
@@ -86,6 +88,53 @@ def motion_magnitude(video, *, tracks: Tracks | None = None) -> float:
     return float(np.mean(speeds)) if speeds else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class SubjectScore:
+    """One object's part of `subject_consistency`: score = presence x shape x area.
+
+    Attributes:
+        colour: the object's `PALETTE` colour.
+        presence: share of frames it is found in.
+        shape_agreement: share of those frames classified as its majority shape.
+        area_stability: 1 - mean |area - median| / median over those frames, clipped at 0.
+    """
+
+    colour: str
+    presence: float
+    shape_agreement: float
+    area_stability: float
+
+    @property
+    def score(self) -> float:
+        return self.presence * self.shape_agreement * self.area_stability
+
+
+def subject_scores(
+    video, *, min_presence: float = 0.1, tracks: Tracks | None = None
+) -> list[SubjectScore]:
+    """The per-object terms `subject_consistency` averages (see there), for reading where a
+    video loses it: an unasked colour, a shape that flips, or an object that grows and shrinks.
+
+    Args:
+        video: (t, h, w, 3) in [-1, 1].
+        min_presence: share of frames a colour needs to count as an object.
+
+    Returns:
+        One `SubjectScore` per colour found in at least `min_presence` of the frames.
+    """
+    tr = _tracks(video, tracks)
+    out = []
+    for track in tr.objects(min_presence):
+        present = track.present
+        shapes = track.shape[present]
+        agreement = np.bincount(shapes, minlength=len(SHAPES)).max() / len(shapes)
+        area = track.area[present].astype(np.float64)
+        median = np.median(area)
+        area_stability = max(0.0, 1.0 - float(np.mean(np.abs(area - median)) / median))
+        out.append(SubjectScore(track.colour, track.presence, float(agreement), area_stability))
+    return out
+
+
 def subject_consistency(video, *, min_presence: float = 0.1, tracks: Tracks | None = None) -> float:
     """How stable the video's objects are over time (VBench subject consistency, by hand).
 
@@ -93,7 +142,8 @@ def subject_consistency(video, *, min_presence: float = 0.1, tracks: Tracks | No
     presence x shape agreement x area stability, where presence is the share of frames it is
     found in (an object that changes colour splits into two half-present tracks), shape
     agreement the share of its frames classified as its majority shape, and area stability
-    1 - mean |area - median| / median (clipped at 0). The score is the mean over objects.
+    1 - mean |area - median| / median (clipped at 0). The score is the mean over objects
+    (`subject_scores` gives the terms).
 
     Args:
         video: (t, h, w, 3) in [-1, 1].
@@ -103,16 +153,7 @@ def subject_consistency(video, *, min_presence: float = 0.1, tracks: Tracks | No
         Score in [0, 1]: 1 for objects that keep colour, shape and size in every frame; 0 when
         no object is found. Higher is better.
     """
-    tr = _tracks(video, tracks)
-    scores = []
-    for track in tr.objects(min_presence):
-        present = track.present
-        shapes = track.shape[present]
-        agreement = np.bincount(shapes, minlength=len(SHAPES)).max() / len(shapes)
-        area = track.area[present].astype(np.float64)
-        median = np.median(area)
-        area_stability = max(0.0, 1.0 - float(np.mean(np.abs(area - median)) / median))
-        scores.append(track.presence * agreement * area_stability)
+    scores = [s.score for s in subject_scores(video, min_presence=min_presence, tracks=tracks)]
     return float(np.mean(scores)) if scores else 0.0
 
 
