@@ -28,8 +28,15 @@ def test_the_first_run_calibrates_and_later_runs_skip(calibrations):
     cached = pipeline.generate("tiny", "a red circle bouncing", accel="cache", **KW)
     assert not cached.step_cache.calibrating
     assert 0 < cached.step_cache.skipped <= 8  # keeps 0.6 of 20 forwards at least
-    err = np.abs(cached.latents - full.latents).mean() / np.abs(full.latents).mean()
-    assert 0 < err < 0.06
+
+    def err(latents):
+        return np.abs(latents - full.latents).mean() / np.abs(full.latents).mean()
+
+    # The cache's claim (docs/dvg.md §7): at equal forwards it stays closer to the full sampler
+    # than running fewer steps does.
+    forwards = KW["steps"] - cached.step_cache.skipped
+    fewer_steps = pipeline.generate("tiny", "a red circle bouncing", **{**KW, "steps": forwards})
+    assert 0 < err(cached.latents) < min(0.15, err(fewer_steps.latents))
     fewer = pipeline.generate("tiny", "a red circle bouncing", accel="cache", budget=0.9, **KW)
     assert 0 < fewer.step_cache.skipped == 2
 
