@@ -46,15 +46,15 @@ def main() -> None:
         **({"attention": args.attention} if causal else {}),
     )
     span = "last quarter" if causal else "whole video"
+    # the figure `vidax eval` reports; its terms are read from the same frames below
+    metric = "last_quarter_subject_consistency" if causal else "subject_consistency"
     print(f"{args.model}, {len(report.samples)} videos, subject consistency over the {span}")
     rows, terms_asked = [], []
     for s in report.samples:
-        video = s.frames * 2.0 - 1.0
-        if causal:
-            video = video[len(video) - len(video) // 4 :]
+        frames = s.frames[-(len(s.frames) // 4) :] if causal else s.frames
         asked = {o.colour for o in parse_caption(s.prompt.caption)}
-        parts = subject_scores(video)
-        full = float(np.mean([p.score for p in parts])) if parts else 0.0
+        parts = subject_scores(frames * 2.0 - 1.0)
+        full = s.metrics[metric]
         own = [p.score for p in parts if p.colour in asked]
         terms_asked += [
             (p.presence, p.shape_agreement, p.area_stability) for p in parts if p.colour in asked
