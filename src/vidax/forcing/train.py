@@ -149,6 +149,18 @@ class StageConfig:
                 raise ValueError("rollout_chunks and teacher_steps must be >= 1")
         elif (self.num_frames - 1) % 4:
             raise ValueError(f"num_frames must be 1 + 4k, got {self.num_frames}")
+        else:
+            latent = 1 + (self.num_frames - 1) // 4
+            chunk, longest = (
+                self.forcing.chunk_frames,
+                self.forcing.horizon + self.forcing.chunk_frames,
+            )
+            if latent % chunk or latent > longest:
+                raise ValueError(
+                    f"diffusion forcing clips of {self.num_frames} frames are {latent} latent "
+                    f"frames: must be a multiple of the chunk ({chunk}) and at most horizon + "
+                    f"chunk ({longest}, one block-causal forward)"
+                )
 
 
 # -- stage 1: diffusion forcing -------------------------------------------------------------------
@@ -606,6 +618,7 @@ def tiny_causal_stages(
     export_dtype: str | None = None,
     teacher_guidance: float = 1.0,
     cfg_dropout: float = 0.0,
+    df_frames: int = 33,
 ) -> dict[str, StageConfig]:
     """The stages behind `vidax/assets/tiny-causal` (see its TRAINING.md).
 
@@ -621,6 +634,9 @@ def tiny_causal_stages(
       prediction), so the loss measures only what the sparse cache loses against the dense
       one. The sparse heads start at zero, the rate 1e-3 is theirs alone.
 
+    `df_frames` is the pixel length of the df clips (33: 9 latent frames, three chunks; 81: 21,
+    the longest one block-causal forward covers, so that the teacher of the dense stage has seen
+    real continuations as long as its cache before the window starts to roll).
     `teacher_guidance` > 1 guides the dense stage's teacher (classifier-free, the empty caption
     as the unconditional branch) and `cfg_dropout` trains df on the empty caption that often,
     so that its unconditional prediction stays usable for that teacher.
@@ -651,7 +667,7 @@ def tiny_causal_stages(
             forcing=dense,
             steps=df_steps,
             batch_size=df_batch_size,
-            num_frames=33,
+            num_frames=df_frames,
             repeat=1 if latents_dir else 4,
             latents_dir=latents_dir,
             cfg_dropout=cfg_dropout,

@@ -49,6 +49,20 @@ def train_causal(
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Clips per self-rollout step.")] = 1,
     df_batch: Annotated[int, typer.Option(help="Clips per diffusion-forcing step.")] = 4,
+    df_frames: Annotated[
+        int,
+        typer.Option(
+            help="Pixel frames of the diffusion-forcing clips (1 + 4k; their latent frames a "
+            "multiple of the chunk, at most horizon + chunk: 33 or 81 for tiny-causal)."
+        ),
+    ] = 33,
+    df_init: Annotated[
+        Path | None,
+        typer.Option(
+            help="Causal weights diffusion forcing continues from (e.g. an earlier run's "
+            "df/weights.safetensors) instead of the bidirectional base DiT."
+        ),
+    ] = None,
     df_seconds: Annotated[
         float | None, typer.Option(help="Stop diffusion forcing after this many seconds.")
     ] = None,
@@ -119,13 +133,15 @@ def train_causal(
     for name, seconds in (("--df-seconds", df_seconds), ("--final-seconds", final_seconds)):
         if seconds is not None and not seconds > 0:
             raise ValueError(f"{name} must be > 0, got {seconds}")
-    for path in (latents, transformer, vae, sparse_init, text_encoder):
+    if df_init is not None and transformer is not None:
+        raise ValueError("--df-init and --transformer both name the weights df starts from")
+    for path in (latents, transformer, vae, sparse_init, text_encoder, df_init):
         if path is not None and not path.exists():
             raise FileNotFoundError(f"not found: {path}")
     preset = get_causal("tiny-causal")
     spec = preset.spec  # the base model with the preset's VAE
     base = None
-    if "df" in stages:  # only diffusion forcing starts from the bidirectional DiT
+    if "df" in stages and df_init is None:  # df starts from the bidirectional DiT
         base_spec = get(preset.base)
         if transformer is None and missing_weights(base_spec, vae=False, text_encoder=False):
             raise ValueError(
@@ -156,6 +172,7 @@ def train_causal(
         export_dtype=export_dtype,
         teacher_guidance=teacher_guidance,
         cfg_dropout=cfg_dropout,
+        df_frames=df_frames,
     )
     # The text encoder follows the weights a run starts from: df distils the base model (its
     # current encoder), the later stages continue causal weights (the preset's, pinned or not).
@@ -186,11 +203,16 @@ def train_causal(
     for stage in stages:
         start = time.time()
         if stage == "df":
-            assert base is not None  # loaded above when "df" is a stage
+            if df_init is not None:
+                typer.echo(f"stage df: from the causal weights {df_init}")
+                start_model = load(df_init, spec.config)
+            else:
+                assert base is not None  # loaded above when df starts from the base DiT
+                start_model = CausalWan.from_transformer(base)
             train_stage(
                 root / stage,
                 configs[stage],
-                CausalWan.from_transformer(base),
+                start_model,
                 vae=vae_model,
                 embedder=embedder,
             )
