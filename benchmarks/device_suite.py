@@ -57,9 +57,18 @@ from flax import nnx
 
 from vidax import dvg, pipeline, sampling
 from vidax.checkpoint import save_model
+from vidax.forcing import CacheLayout, CausalWan, ForcingConfig, KVCache, init_cache
+from vidax.forcing.attention import (
+    _with_chunk,
+    dense_attention,
+    gather_attention,
+    make_rope,
+    sparse_attention,
+)
+from vidax.forcing.rollout import chunk_velocity, write_clean
 from vidax.kernels.pbsa import pbsa, pbsa_reference
 from vidax.models import wan, wan_vae
-from vidax.models.registry import ModelSpec, get
+from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import attention, choose_impl
 from vidax.text import fit_prompt_embeds
@@ -80,6 +89,9 @@ PBSA_SIZES |= {"block": 60, "block_q": 120}
 SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
 SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
 PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
+# The decode section's latent frame in the smoke run: 4 x 6 = 24 tokens after the patch
+# (SMOKE_PBSA_SIZES' frame; at full size Wan's 480p frame, 30 x 52 = 1560 tokens).
+SMOKE_DECODE_LATENT_HW = (8, 12)
 # Toy models for --smoke: the same code paths at sizes a CPU runs in seconds.
 SMOKE_CONFIGS = {
     "wan2.1-1.3b": wan.WanConfig(
@@ -401,6 +413,25 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
     return kernel, "", "", notes
 
 
+def _decode_row(r: dict) -> tuple[str, str, str, str]:
+    cells = (
+        f"dense {_num(r, 'dense_ms', '.1f')} ms, sparse {_num(r, 'sparse_ms', '.1f')} ms "
+        f"({_num(r, 'speedup', '.2f')}x) per chunk forward"
+    )
+    notes = (
+        f"{r.get('layers', '?')}/{r.get('full_layers', '?')} layers; full-depth estimate "
+        f"{_num(r, 'dense_ms_full_est', '.0f')} / {_num(r, 'sparse_ms_full_est', '.0f')} ms; "
+        f"selection + compression {_num(r, 'overhead_ms_full_est', '.1f')} ms a forward "
+        f"({_num(r, 'overhead_share', '.0%')} of sparse); peak KV "
+        f"{_num(r, 'dense_kv_gib', '.2f')} / {_num(r, 'sparse_kv_gib', '.2f')} GiB "
+        f"(x{_num(r, 'kv_ratio', '.2f')}); chunk {r.get('chunk_tokens', '?')} tokens over dense "
+        f"{r.get('dense_context_tokens', '?')} / sparse {r.get('sparse_selected_tokens', '?')} "
+        f"selected + {r.get('sparse_compressed_tokens', '?')} compressed; "
+        f"PBSA {r.get('sparse_backend', '?')}"
+    )
+    return cells, "", "", notes
+
+
 # -- timing, FLOPs and memory ---------------------------------------------------------------------
 
 
@@ -480,14 +511,14 @@ def time_first_call(ctx: Context, fn, *, reserve_s: float = 0.0, hi: int = 3):
     return seconds, {"first_call_s": first, "compile_s": compile_s, "repeats": len(times)}, out
 
 
-def compile_jax(fn, *args, compiler_options=None):
+def compile_jax(fn, *args, compiler_options=None, donate_argnums=()):
     """`jax.jit(fn)` compiled ahead of time: (executable, compile seconds, program bytes).
 
-    Program bytes are the executable's own device footprint (arguments + outputs + temporaries
-    - aliased), known on every backend.
+    `args` may be arrays or `jax.ShapeDtypeStruct`s. Program bytes are the executable's own
+    device footprint (arguments + outputs + temporaries - aliased), known on every backend.
     """
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options)
+    compiled = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile(compiler_options)
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     program = None
@@ -835,7 +866,7 @@ def wan_step(ctx: Context) -> dict:
     return {"model": spec.name, **compare_step(ctx, spec.config, latent)}
 
 
-@section("vae-decode", cap_s=65, headline=("vidax_ms", "diffusers_ms", "ratio"), row=_vae_row)
+@section("vae-decode", cap_s=60, headline=("vidax_ms", "diffusers_ms", "ratio"), row=_vae_row)
 def vae_decode(ctx: Context) -> dict:
     """Wan 2.1 VAE decode of 81 frames at 480x832 (latent 21x60x104), float32 as Wan runs it."""
     name = "tiny" if ctx.smoke else "wan2.1"
@@ -975,7 +1006,7 @@ def _estimates(ctx: Context, config, latent) -> tuple[float, float, float]:
 
 @section(
     "generate",
-    cap_s=95,
+    cap_s=75,
     headline=("vidax_s_full", "diffusers_s_full", "ratio"),
     row=_generate_row,
 )
@@ -1019,7 +1050,7 @@ def generate(ctx: Context) -> dict:
 
 @section(
     "dvg",
-    cap_s=90,
+    cap_s=70,
     headline=("full_s", f"b{DVG_BUDGETS[0]}_s", f"b{DVG_BUDGETS[0]}_speedup"),
     row=_dvg_row,
 )
@@ -1095,7 +1126,7 @@ def _full_sampler_seconds(ctx: Context, spec, latent, path, inputs) -> tuple[flo
 
 @section(
     "wan14b-step",
-    cap_s=70,
+    cap_s=55,
     headline=(*_STEP_HEADLINE, "layers", "vidax_ms_full_est"),
     row=_step_row,
 )
@@ -1129,15 +1160,19 @@ def _layers_that_fit(ctx: Context, full: wan.WanConfig, latent) -> int:
     per_layer = step_flops(dataclasses.replace(full, num_layers=2), latent) - step_flops(
         dataclasses.replace(full, num_layers=1), latent
     )
+    layer_s = 24 * per_layer / (_rate_tflops(ctx) * 1e12) + (0.5 if ctx.smoke else 4.0)  # + I/O
+    compile_s = 1.5 * ctx.prior("wan-step").get("vidax_compile_s", 10.0 if ctx.smoke else 40.0)
+    fit = int((0.8 * ctx.left() - compile_s - 10) / layer_s)
+    return max(1, min(full.num_layers, fit))
+
+
+def _rate_tflops(ctx: Context) -> float:
+    """TFLOP/s to plan with: the slower side of wan-step, else a third of the ceiling."""
     prior = ctx.prior("wan-step")
     rates = [prior.get(f"{s}_tflops") for s in ("vidax", "diffusers")]
     rates = [r for r in rates if r]
     ceiling = ctx.prior("ceilings").get("matmul_tflops")
-    rate = min(rates) if rates else (ceiling / 3 if ceiling else (0.01 if ctx.smoke else 200.0))
-    layer_s = 24 * per_layer / (rate * 1e12) + (0.5 if ctx.smoke else 4.0)  # + host I/O
-    compile_s = 1.5 * prior.get("vidax_compile_s", 10.0 if ctx.smoke else 40.0)
-    fit = int((0.8 * ctx.left() - compile_s - 10) / layer_s)
-    return max(1, min(full.num_layers, fit))
+    return min(rates) if rates else (ceiling / 3 if ceiling else (0.01 if ctx.smoke else 200.0))
 
 
 @section(
@@ -1229,6 +1264,318 @@ def pbsa_section(ctx: Context) -> dict:
             times, _ = time_jax(ref, q, pk, pv, idx, cnt, lo=3, budget_s=0.1 * ctx.left())
             ctx.record(reference_ms_30=1e3 * statistics.median(times))
     return {}
+
+
+def decode_configs(
+    frame_tokens: int, block: int, tile: int, backend: str
+) -> dict[str, ForcingConfig]:
+    """tiny-causal's dense and sparse configurations for frames of `frame_tokens` tokens.
+
+    Both cut frames into blocks of `block` tokens. The sparse one keeps its sink, window and
+    chunk; its block budgets (memory, local and memory top-k, compressed ring) are scaled by the
+    blocks per frame, so they cover the same share of a frame; it selects per tile of `tile`
+    queries through PBSA `backend`, and its memory's reach is bounded so that sink + window +
+    memory span dense's sink + window (equal context span, `benchmarks/sparse_forcing.py`'s
+    comparison (a)).
+    """
+    preset = get_causal("tiny-causal")
+    spec = preset.spec
+    _, h, w, _ = spec.geometry().latent_shape(1, spec.defaults.height, spec.defaults.width)
+    _, ph, pw = spec.config.patch_size
+    dense, sparse = preset.dense, preset.sparse
+    ratio = -(-frame_tokens // block) / sparse.layout((h // ph, w // pw)).blocks_per_frame
+    budgets = ("memory_blocks", "local_topk", "memory_topk", "compressed_tokens")
+    return {
+        "dense": dataclasses.replace(dense, block_size=block),
+        "sparse": dataclasses.replace(
+            sparse,
+            block_size=block,
+            query_tile=tile,
+            memory_frames=dense.context_frames - sparse.sink_frames - sparse.window_frames,
+            pbsa_backend=backend,
+            **{n: round(getattr(sparse, n) * ratio) for n in budgets},
+        ),
+    }
+
+
+def peak_kv_bytes(config: wan.WanConfig, layout: CacheLayout) -> int:
+    """Key/value bytes alive while a chunk is denoised (batch 1): the cache buffers of every
+    layer (`KVCache.nbytes`, as `CausalWan.init_cache` allocates them) plus the chunk's own keys
+    and values."""
+    c = config
+    cache = jax.eval_shape(
+        lambda: init_cache(
+            layout,
+            num_layers=c.num_layers,
+            batch=1,
+            num_heads=c.num_heads,
+            head_dim=c.head_dim,
+            dtype=c.compute_dtype,
+        )
+    )
+    chunk = 2 * c.num_layers * layout.chunk_tokens * c.num_heads * c.head_dim
+    return cache.nbytes() + chunk * c.compute_dtype.itemsize
+
+
+def _decode_layer_flops(config: wan.WanConfig, tokens: int, keys: int) -> float:
+    """Matmul FLOPs of one Wan block on a chunk of `tokens` queries over `keys` keys (cache +
+    chunk), 2 per multiply-add: projections, FFN, self- and cross-attention."""
+    d, f, s = config.dim, config.ffn_dim, config.text_len
+    return 2 * tokens * d * (6 * d + 2 * f) + 4 * s * d * d + 4 * tokens * (keys + s) * d
+
+
+def _decode_layers(ctx: Context, full: wan.WanConfig, tokens: int, keys: int, forwards: int):
+    """Layers whose `forwards` chunk forwards (both layouts priced as dense) fit in 80% of the
+    time left after compiling, from the rate wan-step achieved (else a third of the ceiling).
+
+    Compiling does not grow with depth (the layers are scanned): seven programs (a write and a
+    forward per layout, three one-layer attentions) took about 50 s on a TPU v5e at full size.
+    """
+    layer_s = forwards * _decode_layer_flops(full, tokens, keys) / (_rate_tflops(ctx) * 1e12)
+    compile_s = 8.0 if ctx.smoke else 50.0
+    fit = int((0.8 * ctx.left() - compile_s) / layer_s)
+    return max(1, min(full.num_layers, fit))
+
+
+@section(
+    "decode",
+    cap_s=60,
+    headline=("dense_ms", "sparse_ms", "speedup", "kv_ratio", "overhead_ms", "layers"),
+    row=_decode_row,
+)
+def decode_section(ctx: Context) -> dict:
+    """Chunked decoding, Wan 1.3B-sized causal model at 480p: dense vs sparse chunk forward.
+
+    A random-weight `CausalWan` (bf16, batch 1, as many of the 30 layers as fit the cap and the
+    device's memory; ms scaled to full depth by the layer ratio in `*_full_est`) runs
+    tiny-causal's two layouts at 1560 tokens a frame (`decode_configs`): dense (Self-Forcing:
+    sink 3 + window 15 frames) and sparse (Sparse Forcing at equal context span, through the
+    PBSA kernel `pbsa_backend="auto"` picks; the XLA gather path on a CPU). Each cache is
+    filled to steady state with `write_clean` (window full, memory and compressed ring cycling,
+    positions past the horizon); then one `chunk_velocity` at steady state is timed: one
+    denoising step of a 3-frame chunk (a chunk costs `forwards_per_chunk` of them, the clean
+    pass included).
+
+    Overhead of selection/compression: one layer's `sparse_attention` on that cache minus its
+    selected branch alone (the same pool rotation, then PBSA over lists of the same length),
+    i.e. block compression, scoring, top-k, the compressed branch and the branch combination;
+    times the layers for a forward. Peak KV: `peak_kv_bytes` at full depth.
+    """
+    spec, latent = wan_model(ctx, "wan2.1-1.3b")
+    full = spec.config
+    hw = SMOKE_DECODE_LATENT_HW if ctx.smoke else latent[1:]
+    z = SMOKE_PBSA_SIZES if ctx.smoke else PBSA_SIZES
+    _, ph, pw = full.patch_size
+    grid = (hw[0] // ph, hw[1] // pw)
+    # What pbsa_backend="auto" runs on this platform, named so that the isolated selected
+    # branch below runs the same.
+    backend = {"cpu": "gather", "tpu": "tpu"}.get(jax.default_backend(), "triton")
+    configs = decode_configs(grid[0] * grid[1], z["block"], z["block_q"], backend)
+    layouts = {name: cfg.layout(grid) for name, cfg in configs.items()}
+    dense, sparse = layouts["dense"], layouts["sparse"]
+    kv = {name: peak_kv_bytes(full, layout) for name, layout in layouts.items()}
+    ctx.record(
+        model=spec.name,
+        latent_hw=list(hw),
+        tokens_per_frame=dense.tokens_per_frame,
+        chunk_tokens=dense.chunk_tokens,
+        context_frames=configs["dense"].context_frames,
+        dense_context_tokens=configs["dense"].context_frames * dense.tokens_per_frame,
+        sparse_selected_tokens=sparse.max_selected * sparse.block_size,
+        sparse_compressed_tokens=sparse.num_slots + sparse.config.compressed_tokens,
+        sparse_cache_tokens=sparse.cache_tokens(),
+        block=sparse.block_size,
+        query_tile=sparse.query_tile,
+        sparse_budgets=(
+            f"memory {sparse.config.memory_blocks} blocks ({sparse.config.memory_frames} "
+            f"frames), top-k local {sparse.config.local_topk} memory "
+            f"{sparse.config.memory_topk}, compressed ring {sparse.config.compressed_tokens}"
+        ),
+        sparse_backend=backend,
+        forwards_per_chunk=configs["dense"].num_steps + 1,
+        dense_kv_gib=kv["dense"] / GIB,
+        sparse_kv_gib=kv["sparse"] / GIB,
+        kv_ratio=kv["sparse"] / kv["dense"],
+        dtype=full.dtype,
+    )
+
+    # Chunks written before the timed one: every cache full and a chunk more, so the window
+    # ring, the memory (at its reach) and the compressed ring have all been overwritten once.
+    steady = 1 + max(
+        c.sink_chunks + c.window_chunks + c.memory_frames // c.chunk_frames
+        for c in configs.values()
+    )
+    lo = 3 if ctx.smoke else 5
+    keys = dense.chunk_tokens + configs["dense"].context_frames * dense.tokens_per_frame
+    layers = _decode_layers(ctx, full, dense.chunk_tokens, keys, 2 * (steady + 2 + lo))
+    if ctx.smoke:
+        layers = min(layers, full.num_layers - 1)  # exercises the scaling below
+    layers, programs = _decode_programs(ctx, full, layers, layouts, hw)
+    scale = full.num_layers / layers
+    if layers < full.num_layers:
+        ctx.scaled(f"ran {layers} of {full.num_layers} layers; *_full_est = measured x {scale:.3g}")
+    ctx.record(layers=layers, full_layers=full.num_layers, steady_chunk=steady)
+
+    model = CausalWan(dataclasses.replace(full, num_layers=layers), rngs=nnx.Rngs(0))
+    state = nnx.state(model)
+    rng = np.random.default_rng(4)
+    text = jnp.asarray(rng.standard_normal((1, full.text_len, full.text_dim)), jnp.float32)
+    x = jnp.asarray(
+        rng.standard_normal((1, dense.config.chunk_frames, *hw, full.in_channels)), jnp.float32
+    )
+    chunk = jnp.int32(steady)
+    results = {}
+    for i, (name, layout) in enumerate(layouts.items()):
+        write, forward = programs[name]
+        start = time.perf_counter()
+        cache = model.init_cache(layout, 1)
+        for c in range(steady):  # the write program donates the cache: written in place
+            cache = write(state, cache, text, jnp.int32(c))
+        jax.block_until_ready(cache)
+        ctx.record(**{f"{name}_fill_s": time.perf_counter() - start})
+        share = 0.3 if i == 0 else 0.5  # of the time left: dense leaves sparse its share
+        times, _ = time_jax(
+            forward, state, cache, x, text, chunk, lo=lo, hi=20, budget_s=share * ctx.left()
+        )
+        fields = timing_fields(name, times, None, ctx)
+        fields[f"{name}_ms_full_est"] = fields[f"{name}_ms"] * scale
+        ctx.record(**fields, **_layer_attention(ctx, model, cache.layer(0), layout, steady))
+        results[name] = fields[f"{name}_ms"]
+        del cache
+        _release()
+
+    r = ctx.results
+    overhead = (r["sparse_attn_ms"] - r["selected_attn_ms"]) * layers
+    return {
+        "speedup": results["dense"] / results["sparse"],
+        "overhead_ms": overhead,
+        "overhead_ms_full_est": overhead * scale,
+        "overhead_share": overhead / results["sparse"],
+    }
+
+
+def _decode_programs(ctx: Context, full: wan.WanConfig, layers: int, layouts: dict, hw):
+    """Each layout's programs (`_decode_program`) at `layers` layers, with fewer layers while
+    the largest needs more than 90% of the device's free memory (the dense clean pass of 30
+    layers at 480p needs 22 GiB of temporaries; a TPU v5e has 16 GiB).
+
+    Returns:
+      (layers, {layout name: (write, forward)}).
+    """
+    stats = jax.devices()[0].memory_stats() or {}  # None on a CPU: no bound
+    free = stats.get("bytes_limit", math.inf) - stats.get("bytes_in_use", 0)
+    for attempt in range(3):
+        config = dataclasses.replace(full, num_layers=layers)
+        programs = {name: _decode_program(config, layout, hw) for name, layout in layouts.items()}
+        largest = max(max(p[3], p[4]) for p in programs.values())
+        if layers == 1 or largest <= 0.9 * free or attempt == 2:
+            break
+        ctx.scaled(f"{layers} layers need {largest / GIB:.1f} GiB, {free / GIB:.1f} GiB free")
+        layers = max(1, min(int(layers * 0.9 * free / largest), layers - 1))
+    for name, (_, _, seconds, _, forward_bytes) in programs.items():
+        ctx.record(
+            **{
+                f"{name}_compile_s": seconds,
+                f"{name}_program_gib": forward_bytes / GIB if forward_bytes else None,
+            }
+        )
+    return layers, {name: p[:2] for name, p in programs.items()}
+
+
+def _decode_program(config: wan.WanConfig, layout: CacheLayout, hw: tuple[int, int]):
+    """A layout's two programs, compiled ahead of time from shapes (nothing is allocated):
+
+    - write(state, cache, text, chunk) -> cache: the clean pass (`write_clean`) of a random
+      latent chunk, the cache donated (written in place);
+    - forward(state, cache, x, text, chunk) -> v: one `chunk_velocity` (first step's sigma).
+
+    Returns:
+      (write, forward, compile seconds of both, write bytes, forward bytes); bytes 0 where the
+      backend reports none.
+    """
+    model = nnx.eval_shape(lambda: CausalWan(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    shape = (1, layout.config.chunk_frames, *hw, config.in_channels)
+    x = jax.ShapeDtypeStruct(shape, jnp.float32)
+    text = jax.ShapeDtypeStruct((1, config.text_len, config.text_dim), jnp.float32)
+    chunk = jax.ShapeDtypeStruct((), jnp.int32)
+    cache = jax.eval_shape(lambda: model.init_cache(layout, 1))
+
+    def write(state, cache, text, chunk):
+        x0 = jax.random.normal(jax.random.fold_in(jax.random.key(5), chunk), shape)
+        return write_clean(nnx.merge(graphdef, state), x0, text, cache, chunk, layout)
+
+    def forward(state, cache, x, text, chunk):
+        model, sigma = nnx.merge(graphdef, state), layout.config.sigmas[0]
+        return chunk_velocity(model, x, sigma, text, cache, chunk, layout)
+
+    w, w_s, w_bytes = compile_jax(write, state, cache, text, chunk, donate_argnums=(1,))
+    f, f_s, f_bytes = compile_jax(forward, state, cache, x, text, chunk)
+    return w, f, w_s + f_s, w_bytes or 0, f_bytes or 0
+
+
+def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chunk: int) -> dict:
+    """ms of one layer's self-attention of the chunk over its steady-state cache (random q, k,
+    v): dense, or sparse and its selected branch alone (PBSA over lists as long as
+    `select_blocks` gives, random distinct slots of each region, and the chunk's own blocks)."""
+    c, cfg = model.config, layout.config
+    rng = np.random.default_rng(6)
+    shape = (1, layout.chunk_tokens, c.num_heads, c.head_dim)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), c.dtype) for _ in "qkv")
+    start = jnp.int32(chunk * cfg.chunk_frames)
+    rope = make_rope(c.rope_axes_dims, c.rope_theta)
+    budget = lambda: dict(lo=3, hi=20, budget_s=0.05 * ctx.left())
+
+    def timed(fn, *args) -> float:
+        run, _, _ = compile_jax(fn, *args)
+        return 1e3 * statistics.median(time_jax(run, *args, **budget())[0])
+
+    if not cfg.sparse:
+        attend = lambda q, k, v, layer, start: dense_attention(q, k, v, layer, start, layout, rope)
+        return {"dense_attn_ms": timed(lambda *a: attend(*a)[0], q, k, v, layer, start)}
+
+    gd, sparse_state = nnx.split(model.sparse)
+    params = jax.tree.map(lambda x: x[0], sparse_state)  # layer 0's, as `layer` is
+
+    def full(q, k, v, layer, start, params):
+        o, _ = sparse_attention(q, k, v, layer, start, layout, rope, nnx.merge(gd, params))
+        return o
+
+    regions = (
+        (0, layout.sink_slots, layout.sink_slots),
+        (layout.window_start, layout.window_slots, cfg.local_topk),
+        (layout.memory_start, layout.memory_slots, cfg.memory_topk),
+    )
+    tiles = (1, c.num_heads, layout.num_query_tiles)
+    lists = [lo + np.argsort(rng.random((*tiles, n)), -1)[..., :m] for lo, n, m in regions]
+    own = np.broadcast_to(
+        np.arange(layout.chunk_blocks) + layout.num_slots, (*tiles, layout.chunk_blocks)
+    )
+    idx = jnp.asarray(np.concatenate([*lists, own], -1), jnp.int32)
+    scale = c.head_dim**-0.5
+
+    def selected(q, k, v, layer, start, idx):
+        pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, layer, start, layout, rope)
+        if cfg.pbsa_backend == "gather":
+            return gather_attention(qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale)
+        cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
+        o = pbsa(
+            qr.transpose(0, 2, 1, 3),
+            pool_k,
+            pool_v,
+            idx,
+            cnt,
+            block_q=layout.query_tile,
+            scale=scale,
+            slot_len=lengths,
+            backend=cfg.pbsa_backend,
+        )
+        return o.transpose(0, 2, 1, 3)
+
+    return {
+        "sparse_attn_ms": timed(full, q, k, v, layer, start, params),
+        "selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
+    }
 
 
 # -- running --------------------------------------------------------------------------------------

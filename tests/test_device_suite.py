@@ -4,6 +4,7 @@ runner survives a section that raises, crashes its process or hangs past its cap
 Both run the script as the device would (a supervisor and its worker processes), on the CPU.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -19,7 +20,16 @@ pytest.importorskip("diffusers")
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "device_suite.py"
 # The sections issues 17 and 18 ask for (the registry may hold more; they are checked too).
-SECTIONS = ("ceilings", "wan-step", "vae-decode", "generate", "dvg", "wan14b-step", "pbsa")
+SECTIONS = (
+    "ceilings",
+    "wan-step",
+    "vae-decode",
+    "generate",
+    "dvg",
+    "wan14b-step",
+    "pbsa",
+    "decode",
+)
 
 
 def _suite(tmp_path, *args, timeout=600) -> dict:
@@ -60,13 +70,17 @@ def test_smoke_run_measures_every_section(tmp_path):
     # The (interpreted) PBSA kernel agrees with its reference on ragged selections, in bf16.
     assert sections["pbsa"]["results"]["max_rel_err"] < 2e-2
     assert sections["pbsa"]["results"]["speedup_100"] > 0
+    # Chunked decoding timed both layouts at steady state; at equal context span the sparse
+    # cache is the smaller one (0.56x at tiny-causal's budgets, docs/sparse_forcing.md).
+    decode = sections["decode"]["results"]
+    assert decode["dense_ms"] > 0 and decode["sparse_ms"] > 0 and decode["speedup"] > 0
+    assert 0.5 < decode["kv_ratio"] < 0.6
+    assert decode["sparse_backend"] == "gather"  # the CPU's "auto"
     # The scaled paths ran and said so.
     assert sections["generate"]["results"]["steps_run"] < sections["generate"]["results"]["steps"]
-    assert (
-        sections["wan14b-step"]["results"]["layers"]
-        < sections["wan14b-step"]["results"]["full_layers"]
-    )
-    for name in ("generate", "wan14b-step"):
+    for name in ("wan14b-step", "decode"):
+        assert sections[name]["results"]["layers"] < sections[name]["results"]["full_layers"]
+    for name in ("generate", "wan14b-step", "decode"):
         assert sections[name]["scaled"], name
     assert "scaled from" in sections["dvg"]["results"]["full_source"]
 
@@ -105,3 +119,24 @@ def test_bad_arguments_are_refused(tmp_path):
         )
         assert proc.returncode != 0
         assert "nope" in proc.stderr
+
+
+def test_decode_layouts_at_wan_480p():
+    # The smoke run builds the decode section's layouts at 24 tokens a frame; at Wan 480p (1560
+    # tokens, blocks of 60, tiles of 120) they must validate too, and keep sparse's peak KV at
+    # about dense's 0.56x at the same 18-frame context span.
+    spec = importlib.util.spec_from_file_location("device_suite", SCRIPT)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # dataclasses look their module up while the script loads
+    try:
+        spec.loader.exec_module(suite)
+    finally:
+        del sys.modules[spec.name]
+    z = suite.PBSA_SIZES
+    configs = suite.decode_configs(z["frame"], z["block"], z["block_q"], "tpu")
+    layouts = {name: cfg.layout((30, 52)) for name, cfg in configs.items()}
+    assert configs["sparse"].context_frames == configs["dense"].context_frames == 18
+    assert layouts["sparse"].blocks_per_frame == 26 and not layouts["sparse"].ragged
+    full = suite.get("wan2.1-1.3b").config
+    kv = {name: suite.peak_kv_bytes(full, layout) for name, layout in layouts.items()}
+    assert 0.5 < kv["sparse"] / kv["dense"] < 0.6, kv
