@@ -149,3 +149,23 @@ def test_a_causal_preset_can_pin_the_text_encoder_it_was_trained_with(tmp_path, 
     )
     with pytest.raises(ValueError, match="pins a VAE or text encoder but has no asset folder"):
         CausalPreset(name="x", base="tiny", dense=DENSE, sparse=DENSE, text_encoder=True)
+
+
+# The text encoder tiny-causal v7 was trained with (`tiny` run7's; TRAINING.md).
+TINY_CAUSAL_ENCODER_SHA256 = "2383fb7280bc634553c1f0a529d1f17c8fecd2a6ba410a9976050574ddcd17d4"
+
+
+def test_tiny_causal_reads_the_text_encoder_it_was_trained_with():
+    """Unpinned, tiny-causal reads `tiny`'s encoder: retraining `tiny` must not silently change
+    what the causal weights are conditioned on (pin the old file: `text_encoder=True`)."""
+    import hashlib
+
+    from vidax.models.registry import ASSETS
+
+    preset = get("tiny-causal")
+    folder = ASSETS / ("tiny-causal" if preset.text_encoder else "tiny")
+    digest = hashlib.sha256((folder / "text_encoder.safetensors").read_bytes()).hexdigest()
+    assert digest == TINY_CAUSAL_ENCODER_SHA256, (
+        f"{folder / 'text_encoder.safetensors'} is not the encoder tiny-causal was trained with: "
+        "pin that one beside the causal weights (CausalPreset.text_encoder=True)"
+    )
