@@ -66,7 +66,7 @@ from vidax.forcing.attention import (
     sparse_attention,
 )
 from vidax.forcing.rollout import chunk_velocity, write_clean
-from vidax.kernels.pbsa import pbsa, pbsa_reference
+from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
@@ -89,6 +89,8 @@ PBSA_SIZES |= {"block": 60, "block_q": 120}
 SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
 SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
 PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
+# The TPU kernel's keys per inner step (`BlockSizes.block_kv`, default 128) tried at 30%.
+PBSA_BLOCK_KV = (256, 512, 1024)
 # The decode section's latent frame in the smoke run: 4 x 6 = 24 tokens after the patch
 # (SMOKE_PBSA_SIZES' frame; at full size Wan's 480p frame, 30 x 52 = 1560 tokens).
 SMOKE_DECODE_LATENT_HW = (8, 12)
@@ -410,6 +412,10 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
         f"{_num(r, 'dense_ms', '.2f')} ms over {r.get('keys', '?')} keys; per-key rate vs dense: "
         f"{rates}; max rel err vs reference {_num(r, 'max_rel_err', '.1e')} (ragged, GQA)"
     )
+    sweep = [n for n in PBSA_BLOCK_KV if f"kernel_ms_30_kv{n}" in r]
+    if sweep:
+        tried = ", ".join(f"{n} {_num(r, f'kernel_ms_30_kv{n}', '.2f')} ms" for n in sweep)
+        notes += f"; 30% by block_kv (default 128): {tried}"
     return kernel, "", "", notes
 
 
@@ -1245,7 +1251,7 @@ def pbsa_section(ctx: Context) -> dict:
         idx, cnt = selection(n, max(1, round(frac * slots)), ragged=False)
         run, _, _ = compile_jax(kernel, q, pk, pv, idx, cnt)
         share = 0.6 / (len(PBSA_FRACTIONS) - i)  # of the time left, so each fraction gets one
-        times, _ = time_jax(
+        times, out = time_jax(
             run, q, pk, pv, idx, cnt, lo=3 if ctx.smoke else 10, budget_s=share * ctx.left()
         )
         s = statistics.median(times)
@@ -1263,6 +1269,27 @@ def pbsa_section(ctx: Context) -> dict:
             )
             times, _ = time_jax(ref, q, pk, pv, idx, cnt, lo=3, budget_s=0.1 * ctx.left())
             ctx.record(reference_ms_30=1e3 * statistics.median(times))
+            sweep, base = (q, pk, pv, idx, cnt), np.asarray(out)
+    # The TPU kernel copies `block_kv // block` selected blocks per inner step; at the default
+    # (128 keys: two blocks of 60 here) the loop's per-step cost may dominate. Larger steps, at
+    # 30%, with the time left (the GPU kernel reads one block per step: nothing to sweep).
+    if ctx.smoke or backend == "tpu":
+        for i, n in enumerate(PBSA_BLOCK_KV):
+            if ctx.left() < (2.0 if ctx.smoke else 6.0):
+                ctx.scaled(f"block_kv sweep stopped before {n}: out of time")
+                break
+            tiles = functools.partial(kernel, block_sizes=BlockSizes(block_kv=n))
+            run, _, _ = compile_jax(tiles, *sweep)
+            share = 0.5 / (len(PBSA_BLOCK_KV) - i)
+            times, out = time_jax(run, *sweep, lo=3, budget_s=share * ctx.left())
+            # Tiles change the order of the online softmax's sums, not the result.
+            diff = max(
+                ctx.results.get("block_kv_max_rel_diff", 0.0), rel_diff(np.asarray(out), base)
+            )
+            ctx.record(
+                **{f"kernel_ms_30_kv{n}": 1e3 * statistics.median(times)},
+                block_kv_max_rel_diff=diff,
+            )
     return {}
 
 

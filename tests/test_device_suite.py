@@ -70,6 +70,9 @@ def test_smoke_run_measures_every_section(tmp_path):
     # The (interpreted) PBSA kernel agrees with its reference on ragged selections, in bf16.
     assert sections["pbsa"]["results"]["max_rel_err"] < 2e-2
     assert sections["pbsa"]["results"]["speedup_100"] > 0
+    # The TPU kernel's tile sweep ran (interpreted here) and its tiles agree with the default's.
+    assert all(sections["pbsa"]["results"][f"kernel_ms_30_kv{n}"] > 0 for n in (256, 512, 1024))
+    assert sections["pbsa"]["results"]["block_kv_max_rel_diff"] < 1e-2
     # Chunked decoding timed both layouts at steady state; at equal context span the sparse
     # cache is the smaller one (0.56x at tiny-causal's budgets, docs/sparse_forcing.md).
     decode = sections["decode"]["results"]
