@@ -60,7 +60,9 @@ def train_causal(
         Path | None,
         typer.Option(
             help="Causal weights diffusion forcing continues from (e.g. an earlier run's "
-            "df/weights.safetensors) instead of the bidirectional base DiT."
+            "df/weights.safetensors) instead of the bidirectional base DiT; conditioned, like "
+            "any df run, through the base model's text encoder unless --text-encoder names the "
+            "one they were trained with."
         ),
     ] = None,
     df_seconds: Annotated[
