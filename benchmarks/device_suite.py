@@ -61,8 +61,9 @@ from vidax.forcing import CacheLayout, CausalWan, ForcingConfig, KVCache, init_c
 from vidax.forcing.attention import (
     _with_chunk,
     dense_attention,
-    gather_attention,
     make_rope,
+    selected_attention,
+    selected_backend,
     sparse_attention,
 )
 from vidax.forcing.rollout import chunk_velocity, write_clean
@@ -1583,21 +1584,8 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
 
     def selected(q, k, v, layer, start, idx):
         pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, layer, start, layout, rope)
-        if cfg.pbsa_backend == "gather":
-            return gather_attention(qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale)
-        cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
-        o = pbsa(
-            qr.transpose(0, 2, 1, 3),
-            pool_k,
-            pool_v,
-            idx,
-            cnt,
-            block_q=layout.query_tile,
-            scale=scale,
-            slot_len=lengths,
-            backend=cfg.pbsa_backend,
-        )
-        return o.transpose(0, 2, 1, 3)
+        backend = selected_backend(cfg.pbsa_backend)
+        return selected_attention(qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend)
 
     return {
         "sparse_attn_ms": timed(full, q, k, v, layer, start, params),

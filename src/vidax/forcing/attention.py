@@ -345,6 +345,59 @@ def select_blocks(scores: Float[Array, "b n nq slots"], layout: CacheLayout) -> 
     return jnp.concatenate(parts, axis=-1)
 
 
+def selected_backend(backend: str) -> str:
+    """What runs the selected branch for `ForcingConfig.pbsa_backend`: PBSA's "auto" is its
+    reference on a CPU, so there the gather path, the same function laid out for XLA:CPU (1.4x
+    faster per tiny-causal chunk, benchmarks/sparse_forcing.py)."""
+    if backend == "auto" and jax.devices()[0].platform == "cpu":
+        return "gather"
+    return backend
+
+
+def selected_attention(
+    qr: Float[Array, "b l n k"],
+    pool_k: Float[Array, "b n slots bs k"],
+    pool_v: Float[Array, "b n slots bs k"],
+    idx: Array,
+    lengths: Array,
+    layout: CacheLayout,
+    scale: float,
+    *,
+    backend: str,
+    bias: Array | None = None,
+) -> Float[Array, "b l n k"]:
+    """Sparse Forcing's selected branch: one softmax per query tile over its listed slots.
+
+    Args:
+      qr: (b, l, n, k) rotated queries; pool_k, pool_v, lengths: the pool `_with_chunk` builds.
+      idx: int32 (b, n, nq, s) pool slots per query tile, every entry valid.
+      layout: the cache layout (its `query_tile`).
+      scale: logit scale.
+      backend: "gather" (`gather_attention`) or a PBSA backend (`selected_backend`'s result).
+      bias: optional (b, n, nq, s) logit bias per listed slot; the gather path only (the PBSA
+        kernels take none).
+    """
+    if backend == "gather":
+        return gather_attention(
+            qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale, bias=bias
+        )
+    if bias is not None:
+        raise ValueError(f"the PBSA kernels take no logit bias (backend {backend!r})")
+    cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
+    o = pbsa(
+        qr.transpose(0, 2, 1, 3),  # pbsa wants (b, n, l, k)
+        pool_k,
+        pool_v,
+        idx,
+        cnt,
+        block_q=layout.query_tile,
+        scale=scale,
+        slot_len=lengths,
+        backend=backend,
+    )
+    return o.transpose(0, 2, 1, 3)
+
+
 def sparse_attention(
     q: Float[Array, "b l n k"],
     k: Float[Array, "b l n k"],
@@ -404,36 +457,17 @@ def sparse_attention(
         select = select_blocks(jax.lax.stop_gradient(scores), layout)
     own = jnp.arange(slots, slots + layout.chunk_blocks, dtype=jnp.int32)
     idx = jnp.concatenate([select, jnp.broadcast_to(own, (*select.shape[:3], own.size))], -1)
-    backend = c.pbsa_backend
-    if backend == "auto" and jax.devices()[0].platform == "cpu":
-        # PBSA's "auto" is its reference on a CPU: the gather path is the same function laid
-        # out for XLA:CPU (1.4x faster per tiny-causal chunk, benchmarks/sparse_forcing.py).
-        backend = "gather"
-    if backend == "gather":
-        bias = None
-        if straight_through:
-            # Exactly 0 forward (log_prob is finite: empty slots score a finite floor); the
-            # chunk's own slots are not scored and get no surrogate.
-            s_b = jnp.take_along_axis(log_prob, select, axis=-1)
-            s_b = s_b - jax.lax.stop_gradient(s_b)
-            bias = jnp.concatenate([s_b, jnp.zeros((*s_b.shape[:3], own.size), f32)], -1)
-        o_sel = gather_attention(
-            qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale, bias=bias
-        )
-    else:
-        cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
-        o_sel = pbsa(
-            qr.transpose(0, 2, 1, 3),  # pbsa wants (b, n, l, k)
-            pool_k,
-            pool_v,
-            idx,
-            cnt,
-            block_q=layout.query_tile,
-            scale=scale,
-            slot_len=lengths,
-            backend=backend,
-        )
-        o_sel = o_sel.transpose(0, 2, 1, 3)
+    backend = selected_backend(c.pbsa_backend)
+    bias = None
+    if backend == "gather" and straight_through:
+        # Exactly 0 forward (log_prob is finite: empty slots score a finite floor); the
+        # chunk's own slots are not scored and get no surrogate.
+        s_b = jnp.take_along_axis(log_prob, select, axis=-1)
+        s_b = s_b - jax.lax.stop_gradient(s_b)
+        bias = jnp.concatenate([s_b, jnp.zeros((*s_b.shape[:3], own.size), f32)], -1)
+    o_sel = selected_attention(
+        qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend, bias=bias
+    )
     o_sel = o_sel.astype(f32)
 
     # Compressed branch: every query over all compressed tokens (cache blocks + ring).
