@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -90,8 +91,8 @@ PBSA_SIZES |= {"block": 60, "block_q": 120}
 SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
 SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
 PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
-# The TPU kernel's keys per inner step (`BlockSizes.block_kv`, default 128) tried at 30%.
-PBSA_BLOCK_KV = (256, 512, 1024)
+# The TPU kernel's keys per inner step (`BlockSizes.block_kv`; the default is 1024) tried at 30%.
+PBSA_BLOCK_KV = (128, 512, 2048)
 # The decode section's latent frame in the smoke run: 4 x 6 = 24 tokens after the patch
 # (SMOKE_PBSA_SIZES' frame; at full size Wan's 480p frame, 30 x 52 = 1560 tokens).
 SMOKE_DECODE_LATENT_HW = (8, 12)
@@ -416,7 +417,7 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
     sweep = [n for n in PBSA_BLOCK_KV if f"kernel_ms_30_kv{n}" in r]
     if sweep:
         tried = ", ".join(f"{n} {_num(r, f'kernel_ms_30_kv{n}', '.2f')} ms" for n in sweep)
-        notes += f"; 30% by block_kv (default 128): {tried}"
+        notes += f"; 30% by block_kv (default {BlockSizes().block_kv}): {tried}"
     return kernel, "", "", notes
 
 
@@ -1492,11 +1493,21 @@ def _decode_programs(ctx: Context, full: wan.WanConfig, layers: int, layouts: di
     """
     stats = jax.devices()[0].memory_stats() or {}  # None on a CPU: no bound
     free = stats.get("bytes_limit", math.inf) - stats.get("bytes_in_use", 0)
-    for attempt in range(3):
+    for attempt in range(4):
         config = dataclasses.replace(full, num_layers=layers)
-        programs = {name: _decode_program(config, layout, hw) for name, layout in layouts.items()}
-        largest = max(max(p[3], p[4]) for p in programs.values())
-        if layers == 1 or largest <= 0.9 * free or attempt == 2:
+        try:
+            programs = {n: _decode_program(config, layout, hw) for n, layout in layouts.items()}
+            largest = max(max(p[3], p[4]) for p in programs.values())
+        except jax.errors.JaxRuntimeError as e:
+            # A TPU compile refuses a program larger than the chip's memory outright (a GPU's
+            # reports its size): read what it asked for from the message, or halve.
+            if "RESOURCE_EXHAUSTED" not in str(e) or layers == 1 or attempt == 3:
+                raise
+            asked = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
+            largest = float(asked.group(1)) * GIB if asked else 2.0 * free
+            free = min(free, _hbm_bytes(str(e), free))
+            programs = None
+        if programs is not None and (layers == 1 or largest <= 0.9 * free or attempt == 3):
             break
         ctx.scaled(f"{layers} layers need {largest / GIB:.1f} GiB, {free / GIB:.1f} GiB free")
         layers = max(1, min(int(layers * 0.9 * free / largest), layers - 1))
@@ -1508,6 +1519,13 @@ def _decode_programs(ctx: Context, full: wan.WanConfig, layers: int, layouts: di
             }
         )
     return layers, {name: p[:2] for name, p in programs.items()}
+
+
+def _hbm_bytes(message: str, default: float) -> float:
+    """The device memory an out-of-memory compile error names ("exceeds available HBM
+    (15.75G)"), else `default`."""
+    found = re.search(r"available HBM \(([\d.]+)G\)", message)
+    return float(found.group(1)) * GIB if found else default
 
 
 def _decode_program(config: wan.WanConfig, layout: CacheLayout, hw: tuple[int, int]):

@@ -227,12 +227,14 @@ KERNEL_CASES = [
     (MHA_EVEN, BlockSizes(block_q=8, block_kv=32)),  # 2 programs per tile, 2 blocks per step
     (FRAME_24, None),
     (FRAME_60, None),
+    # Blocks of 60 tokens at a 64-row stride, 3 per step: rows between blocks zeroed and masked.
+    (FRAME_60, BlockSizes(block_kv=256)),
 ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split", "frame_24", "frame_60"]
+    "case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split", "frame_24", "frame_60", "frame_60_steps"]
 )
 @settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
@@ -247,10 +249,14 @@ def test_kernel_matches_reference_f32(case, block_sizes, backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", [GQA_RAGGED, FRAME_24], ids=["gqa_ragged", "frame_24"])
-def test_kernel_matches_reference_bf16(backend, case):
+@pytest.mark.parametrize(
+    "case,block_sizes",
+    [(GQA_RAGGED, None), (FRAME_24, None), (FRAME_60, BlockSizes(block_kv=256))],
+    ids=["gqa_ragged", "frame_24", "frame_60_steps"],
+)
+def test_kernel_matches_reference_bf16(backend, case, block_sizes):
     q, pk, pv, idx, cnt, lens = make_inputs(case, 1, jnp.bfloat16)
-    out, lse = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=lens)
+    out, lse = kernel_fn(case, backend, block_sizes)(q, pk, pv, idx, cnt, slot_len=lens)
     assert out.dtype == jnp.bfloat16
     # The spec on the same (bf16-valued) inputs in float32.
     f32 = [x.astype(jnp.float32) for x in (q, pk, pv)]
@@ -497,10 +503,11 @@ def _abstract_args(dtype, sharding=None, block_q=128, **s):
     )
 
 
-def _sparse_forcing_call(backend, block_q=128):
+def _sparse_forcing_call(backend, block_q=128, block_sizes=None):
     def f(q, pk, pv, idx, cnt, lens):
         return pbsa(
-            q, pk, pv, idx, cnt, block_q=block_q, slot_len=lens, return_lse=True, backend=backend
+            q, pk, pv, idx, cnt, block_q=block_q, slot_len=lens, return_lse=True,
+            backend=backend, block_sizes=block_sizes,
         )
 
     return f
@@ -519,13 +526,14 @@ def test_tpu_kernel_compiles_for_v5e():
     mesh = Mesh(np.asarray(topo.devices).reshape(1), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec())
     wan = {**WAN_480P, "max_sel": 124}  # 60-token blocks (not a multiple of bf16's 16 rows)
-    for shapes, block_q in (
-        (SF_SHAPES, 128),  # MHA
-        ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128),  # GQA
-        (wan, 1560),
+    for shapes, block_q, tiles in (
+        (SF_SHAPES, 128, None),  # MHA
+        ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128, None),  # GQA
+        (wan, 1560, None),  # 2 blocks of 60 at a 64-row stride per step
+        (wan, 1560, BlockSizes(block_kv=1024)),  # 16 per step
     ):
         args = _abstract_args(jnp.bfloat16, sharding, block_q=block_q, **shapes)
-        call = _sparse_forcing_call("tpu", block_q=block_q)
+        call = _sparse_forcing_call("tpu", block_q=block_q, block_sizes=tiles)
         compiled = jax.jit(call).lower(*args).compile()
         assert "pbsa_tpu" in compiled.as_text()
         out_shape = jax.eval_shape(call, *args)

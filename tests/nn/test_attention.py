@@ -104,6 +104,8 @@ def _fresh_reports():
         ("cpu short bf16", ("cpu", SMALL, SMALL, BF16, False), {}, "xla", "running on cpu"),
         ("cpu cross-attention", ("cpu", WAN_Q, WAN_TEXT, F32, False), {}, "chunked", "cpu"),
         ("tpu without a mesh", ("tpu", SMALL, SMALL, BF16, False), {}, "xla", "running on tpu"),
+        ("tpu long, no mesh", ("tpu", WAN_Q, WAN_Q, BF16, False), {}, "splash", "splash"),
+        ("tpu long with a mask", ("tpu", WAN_Q, WAN_Q, BF16, True), {}, "chunked", "on tpu"),
     ],
 )
 def test_choose_impl(case, args, kwargs, want, why):
@@ -114,7 +116,7 @@ def test_choose_impl(case, args, kwargs, want, why):
 
 
 def test_off_gpu_the_rule_is_the_logit_count():
-    """CPU/TPU keep the old rule: "chunked" above CHUNKED_ABOVE logits (b*n*l*s), else "xla"."""
+    """CPU keeps the old rule: "chunked" above CHUNKED_ABOVE logits (b*n*l*s), else "xla"."""
     at = (1, CHUNKED_ABOVE // 1024, 1, 64)
     keys = (1, 1024, 1, 64)
     assert choose_impl("cpu", at, keys, F32, False)[0] == "xla"

@@ -90,6 +90,23 @@ def test_splash_block_equals_reference_in_interpret_mode():
 
 
 @pytest.mark.tpu_aot
+def test_splash_without_a_mesh_compiles_for_one_tpu():
+    """One chip, no mesh: "splash" runs the kernel over all of q, k, v (the padded tail keys
+    masked), as "auto" picks for long sequences on a TPU."""
+    pytest.importorskip("libtpu")
+    from jax.sharding import SingleDeviceSharding
+
+    topo = load_topology("v5e:1x1")
+    one = SingleDeviceSharding(topo.devices[0])
+    q = jax.ShapeDtypeStruct((1, 1002, 2, 128), jnp.bfloat16, sharding=one)
+    kv = jax.ShapeDtypeStruct((1, 3000, 2, 128), jnp.bfloat16, sharding=one)
+    f = jax.jit(lambda q, k, v: attention(q, k, v, impl="splash"))
+    compiled = f.lower(q, kv, kv).compile()
+    assert "splash_mha_fwd" in compiled.as_text()
+    assert jax.eval_shape(f, q, kv, kv).shape == q.shape
+
+
+@pytest.mark.tpu_aot
 @pytest.mark.parametrize("tokens", [1024, 1002])
 def test_splash_compiles_for_tpu_and_splits_queries(tokens):
     """Each device runs the kernel on its own query shard (padded when tokens do not divide),

@@ -220,12 +220,14 @@ def _dense_prefix(q, k, v, cache: KVCache, chunk_start, *, slots: int, layout, r
 def _fused_attention(
     q: Float[Array, "b l n k"], keys: Float[Array, "b n s k"], values: Float[Array, "b n s k"]
 ) -> Float[Array, "b l n k"]:
-    """Unmasked attention in one fused call: cuDNN flash attention on a GPU where it takes the
-    inputs (`vidax.nn.attention`, "auto"); elsewhere head-major batched matmuls with float32
-    logits, the fastest XLA:CPU layout (`jax.nn.dot_product_attention`'s token-major XLA path
-    measured 1.3x slower on the tiny-causal chunk)."""
+    """Unmasked attention in one fused call: on a GPU or TPU `vidax.nn.attention`'s "auto"
+    (cuDNN flash attention where it takes the inputs; splash attention for long sequences on a
+    TPU, where the float32 logits of a Wan-sized chunk over its cache would take 6 GiB a
+    layer); on a CPU head-major batched matmuls with float32 logits, the fastest XLA:CPU layout
+    (`jax.nn.dot_product_attention`'s token-major XLA path measured 1.3x slower on the
+    tiny-causal chunk)."""
     scale = q.shape[-1] ** -0.5
-    if jax.devices()[0].platform == "gpu":
+    if jax.devices()[0].platform in ("gpu", "tpu"):
         return attention(q, keys.swapaxes(1, 2), values.swapaxes(1, 2), scale=scale, impl="auto")
     f32 = jnp.float32
     logits = (q.astype(f32).swapaxes(1, 2) * scale) @ keys.astype(f32).swapaxes(-1, -2)

@@ -108,13 +108,16 @@ def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
 
 
 def splash_attention(q, k, v, *, scale: float):
-    """Splash attention per device, in the active strategy's q/k/v layout (TPU meshes).
+    """Splash attention per device, in the active strategy's q/k/v layout (TPU meshes), or on
+    the one device when no mesh is active.
 
     Queries keep their token and head sharding; keys/values keep their head sharding and are
     gathered over tokens by GSPMD (each device's kernel needs all keys). Query tokens that do
     not divide by their shards are padded (and the padded rows dropped), so no device computes
     another device's rows.
     """
+    if current() is None:  # one device: the kernel over all of q, k, v
+        return _splash_block(q, k, v, k.shape[1], scale=scale, residuals=False)[0].astype(q.dtype)
     mesh, strategy = _active("splash attention")
     length = q.shape[1]
     token_axes = logical_to_spec(Q_AXES, strategy.activations, mesh, q.shape, pad=("attn_tokens",))[

@@ -24,9 +24,11 @@ read and cost nothing.
 - `backend="tpu"` (Mosaic): the counts are scalar-prefetched (`PrefetchScalarGridSpec`); each
   program's list row and its head's slot lengths come in as SMEM blocks (prefetching every list
   would overflow SMEM, 1 MiB on v5e, at Sparse Forcing sizes). The pools stay in HBM
-  (`memory_space=pl.ANY`) and the loop copies `BlockSizes.block_kv // block_size` selected
-  blocks per step into a double-buffered VMEM scratch, starting the next step's copies before
-  computing the current one.
+  (`memory_space=pl.ANY`) and the loop copies `BlockSizes.block_kv // stride` selected blocks
+  per step into a double-buffered VMEM scratch, starting the next step's copies before
+  computing the current one. Mosaic copies whole sublane tiles only, so for several blocks a
+  step the wrapper pads each block to a tile-aligned `stride` (its size rounded up to 16 rows
+  in bf16; Wan's 60-token blocks take 64, the 4 extra zero and masked).
 - `backend="triton"` (GPU): the same loop reads one block per step straight from the pool with a
   dynamic `pl.ds` offset. Triton wants power-of-two tiles: the wrapper pads the rows, and `k`
   must be a power of two of at least 16. A `block_size` that is a power of two >= 16 is read as
@@ -75,14 +77,15 @@ class BlockSizes:
         block_q: query rows (per head) of one program; must divide the selection tile
             `block_q` of the lists. None uses the whole selection tile on TPU and, on GPU, the
             largest divisor that keeps `groups * block_q` within 128 padded rows.
-        block_kv: keys per inner step on TPU, rounded down to whole pool blocks (at least one).
-            Larger steps amortise the loop and feed the MXU wider matmuls.
+        block_kv: key rows per inner step on TPU, rounded down to whole pool blocks of their
+            aligned stride (at least one). Larger steps amortise the loop and feed the MXU
+            wider matmuls.
         num_warps: Triton warps per program; None picks 4 for `k <= 64`, else 8.
         num_stages: Triton software-pipelining stages.
     """
 
     block_q: int | None = None
-    block_kv: int = 128
+    block_kv: int = 1024
     num_warps: int | None = None
     num_stages: int = 2
 
@@ -275,12 +278,16 @@ def _pad_rows(x: Array, rows: int) -> Array:
 # ----------------------------------------------------------------------------- TPU (Mosaic)
 
 
-def _tpu_blocks_per_step(d: PbsaDims, block_kv: int, dtype) -> int:
-    # Several blocks share one VMEM buffer only when each lands on a sublane-tile boundary.
+def _tpu_block_stride(block_size: int, dtype) -> int:
+    """Rows a pool block takes in the VMEM buffer when a step copies several: its size rounded
+    up to the sublane tile (8 for 32-bit, 16 for 16-bit dtypes), so every copy is whole tiles."""
     tile = 8 * (4 // jnp.dtype(dtype).itemsize)
-    if d.block_size % tile:
-        return 1
-    return max(1, min(block_kv // d.block_size, d.max_sel))
+    return -(-block_size // tile) * tile
+
+
+def _tpu_blocks_per_step(d: PbsaDims, block_kv: int, dtype) -> int:
+    stride = _tpu_block_stride(d.block_size, dtype)
+    return max(1, min(block_kv // stride, d.max_sel))
 
 
 def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
@@ -291,11 +298,17 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
     rows_p = -(-rows // align) * align
     rows_q = _pad_rows(rows_q, rows_p)
     steps = _tpu_blocks_per_step(d, static.block_sizes.block_kv, pool_k.dtype)
+    stride = _tpu_block_stride(d.block_size, pool_k.dtype) if steps > 1 else d.block_size
+    if stride != d.block_size:
+        # Mosaic copies whole sublane tiles only: pad each block to its stride (zeros, masked
+        # by the slot lengths). One pass over the pool, a few % of the kernel's reads.
+        pad = [(0, 0)] * 3 + [(0, stride - d.block_size), (0, 0)]
+        pool_k, pool_v = jnp.pad(pool_k, pad), jnp.pad(pool_v, pad)
     kernel = functools.partial(
         _pbsa_tpu_kernel,
         scale=static.scale,
-        block_size=d.block_size,
         steps=steps,
+        stride=stride,
         num_q_tiles=d.num_q_tiles,
         q_split=static.q_split,
     )
@@ -333,8 +346,8 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
             pl.BlockSpec((None, None, None, rows_p, 1), row_map),
         ],
         scratch_shapes=[
-            pltpu.VMEM((2, steps * d.block_size, k), pool_k.dtype),
-            pltpu.VMEM((2, steps * d.block_size, k), pool_v.dtype),
+            pltpu.VMEM((2, steps * stride, k), pool_k.dtype),
+            pltpu.VMEM((2, steps * stride, k), pool_v.dtype),
             pltpu.SemaphoreType.DMA((2, 2)),
         ],
     )
@@ -379,8 +392,8 @@ def _pbsa_tpu_kernel(
     sem_scratch_ref,
     *,
     scale: float,
-    block_size: int,
     steps: int,
+    stride: int,
     num_q_tiles: int,
     q_split: int,
 ):
@@ -396,7 +409,7 @@ def _pbsa_tpu_kernel(
         out = []
         for u in range(steps):
             slot = idx_ref[0, entry(step, u)]
-            rows = pl.ds(u * block_size, block_size)
+            rows = pl.ds(u * stride, stride)
             for src, dst, kind in ((k_hbm_ref, k_scratch_ref, 0), (v_hbm_ref, v_scratch_ref, 1)):
                 out.append(
                     pltpu.make_async_copy(
@@ -412,8 +425,10 @@ def _pbsa_tpu_kernel(
 
     q = q_ref[...]
     rows = q.shape[0]
-    width = steps * block_size
-    col = jax.lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+    width = steps * stride
+    # One row of column indices: the mask is built on it and broadcast over the query rows (a
+    # (rows, width) compare per block per step cost more than the softmax itself).
+    col = jax.lax.broadcasted_iota(jnp.int32, (1, width), 1)
 
     def body(step, carry):
         acc, m_prev, l_prev = carry
@@ -430,14 +445,13 @@ def _pbsa_tpu_kernel(
         v = v_scratch_ref[buf]
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         s = s * scale
-        valid = None
+        # Column c of block u (u * stride <= c) is valid below u * stride + its slot's length.
+        end = jnp.zeros((1, width), jnp.int32)
         for u in range(steps):
             e = step * steps + u
             lim = jnp.where(e < cnt, len_ref[0, idx_ref[0, entry(step, u)]], 0)
-            ok = (col >= u * block_size) & (col < u * block_size + lim)
-            valid = ok if valid is None else valid | ok
-        assert valid is not None  # steps >= 1
-        s = jnp.where(valid, s, -jnp.inf)
+            end = jnp.where(col >= u * stride, u * stride + lim, end)
+        s = jnp.where(col < end, s, -jnp.inf)
         m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
         # Rows with nothing valid yet keep m = -inf; shift them by 0 so exp() gives 0, not NaN.
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
