@@ -516,7 +516,11 @@ def _sparse_forcing_call(backend, block_q=128, block_sizes=None):
 @pytest.mark.tpu_aot
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
 def test_tpu_kernel_compiles_for_v5e():
-    """Mosaic lowers and compiles the kernel at Sparse Forcing scale (bf16, GQA) for a v5e."""
+    """Mosaic lowers and compiles the kernel at Sparse Forcing scale (bf16, GQA) for a v5e.
+
+    Necessary, not sufficient: this ahead-of-time compile accepted a DMA of 60 rows into a
+    64-row VMEM window that the chip's own compile refused (2026-12-06, docs/tpu.md); only a
+    run on the chip proves a Mosaic kernel."""
     # Other processes on a shared host may hold libtpu's lock; compile-only use is safe to share.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
