@@ -424,7 +424,9 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
 def _decode_row(r: dict) -> tuple[str, str, str, str]:
     cells = (
         f"dense {_num(r, 'dense_ms', '.1f')} ms, sparse {_num(r, 'sparse_ms', '.1f')} ms "
-        f"({_num(r, 'speedup', '.2f')}x) per chunk forward"
+        f"({_num(r, 'speedup', '.2f')}x), dense-shared sparse "
+        f"{_num(r, 'sparse_shared_ms', '.1f')} ms ({_num(r, 'speedup_shared', '.2f')}x) per chunk "
+        "forward"
     )
     notes = (
         f"{r.get('layers', '?')}/{r.get('full_layers', '?')} layers; full-depth estimate "
@@ -435,7 +437,11 @@ def _decode_row(r: dict) -> tuple[str, str, str, str]:
         f"(x{_num(r, 'kv_ratio', '.2f')}); chunk {r.get('chunk_tokens', '?')} tokens over dense "
         f"{r.get('dense_context_tokens', '?')} / sparse {r.get('sparse_selected_tokens', '?')} "
         f"selected + {r.get('sparse_compressed_tokens', '?')} compressed; "
-        f"PBSA {r.get('sparse_backend', '?')}"
+        f"PBSA {r.get('sparse_backend', '?')}; one layer's attention: dense "
+        f"{_num(r, 'dense_attn_ms', '.2f')}, sparse {_num(r, 'sparse_attn_ms', '.2f')} "
+        f"(selected {_num(r, 'selected_attn_ms', '.2f')}), dense-shared "
+        f"{_num(r, 'shared_sparse_attn_ms', '.2f')} (selected "
+        f"{_num(r, 'shared_selected_attn_ms', '.2f')}) ms"
     )
     return cells, "", "", notes
 
@@ -1314,17 +1320,21 @@ def decode_configs(
     dense, sparse = preset.dense, preset.sparse
     ratio = -(-frame_tokens // block) / sparse.layout((h // ph, w // pw)).blocks_per_frame
     budgets = ("memory_blocks", "local_topk", "memory_topk", "compressed_tokens")
-    return {
-        "dense": dataclasses.replace(dense, block_size=block),
-        "sparse": dataclasses.replace(
-            sparse,
-            block_size=block,
-            query_tile=tile,
-            memory_frames=dense.context_frames - sparse.sink_frames - sparse.window_frames,
-            pbsa_backend=backend,
-            **{n: round(getattr(sparse, n) * ratio) for n in budgets},
-        ),
-    }
+    sparse = dataclasses.replace(
+        sparse,
+        block_size=block,
+        query_tile=tile,
+        memory_frames=dense.context_frames - sparse.sink_frames - sparse.window_frames,
+        pbsa_backend=backend,
+        **{n: round(getattr(sparse, n) * ratio) for n in budgets},
+    )
+    # The same function with the sink and chunk blocks attended densely (`dense_shared`, a
+    # PBSA backend: the reference where the CPU's "gather" would compute it in one piece).
+    shared = dataclasses.replace(
+        sparse, dense_shared=True, pbsa_backend="reference" if backend == "gather" else backend
+    )
+    return {"dense": dataclasses.replace(dense, block_size=block), "sparse": sparse,
+            "sparse_shared": shared}  # fmt: skip
 
 
 def peak_kv_bytes(config: wan.WanConfig, layout: CacheLayout) -> int:
@@ -1379,7 +1389,9 @@ def decode_section(ctx: Context) -> dict:
     device's memory; ms scaled to full depth by the layer ratio in `*_full_est`) runs
     tiny-causal's two layouts at 1560 tokens a frame (`decode_configs`): dense (Self-Forcing:
     sink 3 + window 15 frames) and sparse (Sparse Forcing at equal context span, through the
-    PBSA kernel `pbsa_backend="auto"` picks; the XLA gather path on a CPU). Each cache is
+    PBSA kernel `pbsa_backend="auto"` picks; the XLA gather path on a CPU), and sparse with
+    `dense_shared` (the sink and chunk blocks every tile lists in one dense kernel call). Each
+    cache is
     filled to steady state with `write_clean` (window full, memory and compressed ring cycling,
     positions past the horizon); then one `chunk_velocity` at steady state is timed: one
     denoising step of a 3-frame chunk (a chunk costs `forwards_per_chunk` of them, the clean
@@ -1436,7 +1448,7 @@ def decode_section(ctx: Context) -> dict:
     )
     lo = 3 if ctx.smoke else 5
     keys = dense.chunk_tokens + configs["dense"].context_frames * dense.tokens_per_frame
-    layers = _decode_layers(ctx, full, dense.chunk_tokens, keys, 2 * (steady + 2 + lo))
+    layers = _decode_layers(ctx, full, dense.chunk_tokens, keys, len(layouts) * (steady + 2 + lo))
     if ctx.smoke:
         layers = min(layers, full.num_layers - 1)  # exercises the scaling below
     layers, programs = _decode_programs(ctx, full, layers, layouts, hw)
@@ -1462,7 +1474,7 @@ def decode_section(ctx: Context) -> dict:
             cache = write(state, cache, text, jnp.int32(c))
         jax.block_until_ready(cache)
         ctx.record(**{f"{name}_fill_s": time.perf_counter() - start})
-        share = 0.3 if i == 0 else 0.5  # of the time left: dense leaves sparse its share
+        share = 0.8 / (len(layouts) - i)  # of the time left: an equal part for each layout
         times, _ = time_jax(
             forward, state, cache, x, text, chunk, lo=lo, hi=20, budget_s=share * ctx.left()
         )
@@ -1477,6 +1489,7 @@ def decode_section(ctx: Context) -> dict:
     overhead = (r["sparse_attn_ms"] - r["selected_attn_ms"]) * layers
     return {
         "speedup": results["dense"] / results["sparse"],
+        "speedup_shared": results["dense"] / results["sparse_shared"],
         "overhead_ms": overhead,
         "overhead_ms_full_est": overhead * scale,
         "overhead_share": overhead / results["sparse"],
@@ -1579,6 +1592,7 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
     if not cfg.sparse:
         attend = lambda q, k, v, layer, start: dense_attention(q, k, v, layer, start, layout, rope)
         return {"dense_attn_ms": timed(lambda *a: attend(*a)[0], q, k, v, layer, start)}
+    prefix = "shared_" if cfg.dense_shared else ""
 
     gd, sparse_state = nnx.split(model.sparse)
     params = jax.tree.map(lambda x: x[0], sparse_state)  # layer 0's, as `layer` is
@@ -1606,8 +1620,8 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
         return selected_attention(qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend)
 
     return {
-        "sparse_attn_ms": timed(full, q, k, v, layer, start, params),
-        "selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
+        f"{prefix}sparse_attn_ms": timed(full, q, k, v, layer, start, params),
+        f"{prefix}selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
     }
 
 

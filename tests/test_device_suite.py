@@ -80,6 +80,9 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert decode["dense_ms"] > 0 and decode["sparse_ms"] > 0 and decode["speedup"] > 0
     assert 0.5 < decode["kv_ratio"] < 0.6
     assert decode["sparse_backend"] == "gather"  # the CPU's "auto"
+    # dense_shared ran (through PBSA's reference here) and timed its attention.
+    assert decode["sparse_shared_ms"] > 0 and decode["speedup_shared"] > 0
+    assert decode["shared_selected_attn_ms"] > 0
     # The scaled paths ran and said so.
     assert sections["generate"]["results"]["steps_run"] < sections["generate"]["results"]["steps"]
     for name in ("wan14b-step", "decode"):

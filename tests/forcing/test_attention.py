@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from vidax.forcing import ForcingConfig, init_cache, write_chunk
+from vidax.forcing import attention as forcing_attention
 from vidax.forcing.attention import (
     SPARSE_PARAM_NAMES,
     SparseParams,
@@ -20,10 +21,11 @@ from vidax.forcing.attention import (
     gather_attention,
     make_rope,
     select_blocks,
+    selected_attention,
     sparse_attention,
 )
 from vidax.forcing.cache import slot_lengths, token_positions
-from vidax.kernels.pbsa import pbsa_reference
+from vidax.kernels.pbsa import pbsa, pbsa_reference
 from vidax.kernels.pbsa.index import iota_below
 from vidax.nn import apply_rope
 from vidax.nn.rope import wan_axes_dims
@@ -222,3 +224,40 @@ def test_gather_attention_equals_pbsa_reference():
         block_q=tile, scale=0.3, slot_len=slot_len,
     )  # fmt: skip
     np.testing.assert_allclose(out, ref.swapaxes(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grid,block", [(GRID, 2), ((2, 3), 4)], ids=["even", "ragged"])
+@pytest.mark.parametrize("chunks", [0, 7], ids=["sink-empty", "steady"])
+@pytest.mark.parametrize("backend", ["reference", "tpu"])
+def test_dense_shared_is_the_same_attention(grid, block, chunks, backend, monkeypatch):
+    """`dense_shared` (sink and chunk blocks densely, the tiles' own picks through PBSA, merged
+    by log-sum-exp; PBSA alone until the sink is written) == PBSA over the whole lists."""
+    if backend == "tpu":  # the Mosaic kernel, interpreted on this CPU
+        monkeypatch.setattr(forcing_attention, "pbsa", functools.partial(pbsa, interpret=True))
+    cfg = dataclasses.replace(SPARSE, block_size=block, pbsa_backend=backend)
+    lay, layer = _filled_cache(cfg, chunks, seed=5, grid=grid)
+    assert lay.ragged == (block == 4)
+    shared = dataclasses.replace(cfg, dense_shared=True).layout(grid)
+    q, k, v = _qkv(lay, seed=6)
+    want, mass = _sparse(q, k, v, layer, chunks, lay, _params(0.3))
+    got, got_mass = _sparse(q, k, v, layer, chunks, shared, _params(0.3))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(got_mass, mass)
+    # The split ran once the sink was written (and only then): a broken dense part shows.
+    b, l, n, _ = q.shape
+    broken = lambda q, k, v, scale: (jnp.zeros(q.shape), jnp.zeros((b, n, l)))
+    monkeypatch.setattr(forcing_attention, "dense_with_lse", broken)
+    off, _ = _sparse(q, k, v, layer, chunks, shared, _params(0.3))
+    assert (float(jnp.abs(off - want).max()) > 1e-2) == (chunks > 0)
+
+
+def test_dense_shared_is_refused_for_dense_attention_and_odd_lists():
+    with pytest.raises(ValueError, match="dense_shared applies to attention='sparse'"):
+        ForcingConfig(dense_shared=True)
+    lay = dataclasses.replace(SPARSE, dense_shared=True, pbsa_backend="reference").layout(GRID)
+    x = jnp.zeros((B, lay.chunk_tokens, N, K))
+    pool = jnp.zeros((B, N, lay.num_slots + lay.chunk_blocks, 2, K))
+    lengths = jnp.full(pool.shape[:3], 2, jnp.int32)
+    short = jnp.zeros((B, N, lay.num_query_tiles, 3), jnp.int32)
+    with pytest.raises(ValueError, match="dense_shared reads lists"):
+        selected_attention(x, pool, pool, short, lengths, lay, 0.3, backend="reference")

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType
 
 from vidax.nn.attention import attention, attention_chunked, attention_reference
-from vidax.nn.ring_attention import _splash_block, ring_attention
+from vidax.nn.ring_attention import splash_block, ring_attention
 from vidax.planner import load_topology
 from vidax.planner.hlo import analyze_hlo
 from vidax.sharding.rules import compose_strategy, use_mesh
@@ -81,7 +81,7 @@ def test_ring_bad_input():
 def test_splash_block_equals_reference_in_interpret_mode():
     """The per-device splash path (padding to 128 lanes, masked tail keys, log-sum-exp)."""
     q, k, v = _qkv(b=1, length=200, n=2, k=64, dtype=jnp.bfloat16)
-    out, lse = _splash_block(q, k, v, 150, scale=0.125, interpret=True)
+    out, lse = splash_block(q, k, v, 150, scale=0.125, interpret=True)
     want = attention_reference(q, k[:, :150], v[:, :150], scale=0.125)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want, np.float32), atol=2e-2)
     q32, k32 = q.astype(jnp.float32), k[:, :150].astype(jnp.float32)

@@ -58,7 +58,8 @@ from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
-from vidax.nn.softmax import normalize, softmax_stats
+from vidax.nn.ring_attention import splash_block
+from vidax.nn.softmax import attend_blocks, merge_partials, normalize, softmax_stats
 
 _EMPTY = -1e30  # compressed score of an empty slot
 
@@ -204,12 +205,10 @@ def _dense_prefix(q, k, v, cache: KVCache, chunk_start, *, slots: int, layout, r
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
     keys, values = kr.swapaxes(1, 2), v.swapaxes(1, 2)  # (b, n, l, k)
     if slots:
-        b, n, _, _, kd = cache.k.shape
         head = lambda x: x[:, :, :slots]
         pos = token_positions(head(cache.frame), head(cache.block), chunk_start, layout)
-        # The prefix holds whole frames: a frame's tokens, its partial last block's padding cut.
-        frames, tpf = slots // layout.blocks_per_frame, layout.tokens_per_frame
-        tokens = lambda x: x.reshape(b, n, frames, -1, kd)[:, :, :, :tpf].reshape(b, n, -1, kd)
+        # The prefix holds whole frames (head-major here).
+        tokens = lambda x: _frame_tokens(x, layout).swapaxes(1, 2)
         cached_k = tokens(_rotate(head(cache.k), pos, rope))
         cached_v = tokens(head(cache.v))
         keys = jnp.concatenate([cached_k.astype(q.dtype), keys], axis=2)
@@ -385,8 +384,16 @@ def selected_attention(
         )
     if bias is not None:
         raise ValueError(f"the PBSA kernels take no logit bias (backend {backend!r})")
+    if layout.config.dense_shared:
+        return _dense_shared(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)
+    o, _ = _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)
+    return o
+
+
+def _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, backend):
+    """PBSA of every query tile over all of its listed slots: (o (b, l, n, k), lse (b, n, l))."""
     cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
-    o = pbsa(
+    o, lse = pbsa(
         qr.transpose(0, 2, 1, 3),  # pbsa wants (b, n, l, k)
         pool_k,
         pool_v,
@@ -396,8 +403,70 @@ def selected_attention(
         scale=scale,
         slot_len=lengths,
         backend=backend,
+        return_lse=True,
     )
-    return o.transpose(0, 2, 1, 3)
+    return o.transpose(0, 2, 1, 3), lse
+
+
+def _frame_tokens(blocks: Float[Array, "b n m bs k"], layout: CacheLayout):
+    """Whole frames' blocks -> their tokens (b, frames * tokens_per_frame, n, k), each frame's
+    partial last block's padding cut."""
+    b, n, m, _, k = blocks.shape
+    frames = m // layout.blocks_per_frame
+    x = blocks.reshape(b, n, frames, -1, k)[:, :, :, : layout.tokens_per_frame]
+    return x.reshape(b, n, -1, k).swapaxes(1, 2)
+
+
+def dense_with_lse(q, k, v, *, scale: float):
+    """Unmasked attention with its log-sum-exp: ((b, l, n, k) float32, (b, n, l)); the splash
+    kernel on a TPU, the jnp online softmax elsewhere (cuDNN's fused call returns no
+    log-sum-exp)."""
+    if jax.devices()[0].platform == "tpu":
+        return splash_block(q, k, v, k.shape[1], scale=scale)
+    return attend_blocks(q, k, v, scale=scale)
+
+
+def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, backend):
+    """`ForcingConfig.dense_shared`: the sink and chunk blocks every tile lists, densely in one
+    kernel call, merged by log-sum-exp with PBSA over each tile's own picks (disjoint sets, so
+    the same softmax as PBSA over the whole lists)."""
+    c, sink, own, slots = layout.config, layout.sink_slots, layout.chunk_blocks, layout.num_slots
+    picks = idx.shape[-1] - sink - own
+    if picks != c.local_topk + c.memory_topk:
+        raise ValueError(
+            f"dense_shared reads lists as sink ({sink}), picks ({c.local_topk + c.memory_topk}), "
+            f"the chunk's own ({own}) slots; got {idx.shape[-1]} entries"
+        )
+
+    def split(qr, pool_k, pool_v, idx, lengths):
+        shared = [
+            jnp.concatenate(
+                [_frame_tokens(p[:, :, :sink], layout), _frame_tokens(p[:, :, slots:], layout)],
+                axis=1,
+            )
+            for p in (pool_k, pool_v)
+        ]
+        o, lse = dense_with_lse(qr, *shared, scale=scale)
+        if picks:
+            mine = idx[..., sink : sink + picks]
+            o_picks, lse_picks = _pbsa_lists(
+                qr, pool_k, pool_v, mine, lengths, layout, scale, backend
+            )
+            o, _ = merge_partials((o, lse), (o_picks.astype(jnp.float32), lse_picks))
+        return o
+
+    def whole(qr, pool_k, pool_v, idx, lengths):
+        return _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)[0]
+
+    # Until every sink frame is written, its slots are partly empty: PBSA masks them.
+    ready = jnp.all(lengths[:, :, :sink] > 0) if sink else jnp.bool_(True)
+    out = jax.lax.cond(
+        ready,
+        lambda *a: split(*a).astype(jnp.float32),
+        lambda *a: whole(*a).astype(jnp.float32),
+        qr, pool_k, pool_v, idx, lengths,
+    )
+    return out.astype(qr.dtype)
 
 
 def sparse_attention(

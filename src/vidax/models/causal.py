@@ -63,6 +63,11 @@ class ForcingConfig:
         ("auto", "reference", "tpu", "triton"), or "gather" (gather + batched matmuls in XLA,
         `vidax.forcing.attention.gather_attention`: the fast path on a CPU). "auto" is the
         kernel on a GPU/TPU and "gather" on a CPU.
+      dense_shared: sparse, where the selected branch runs a PBSA kernel: the blocks every
+        query tile lists (the sink and the chunk's own) are attended in one dense kernel call
+        (splash on a TPU) and merged by log-sum-exp with PBSA over each tile's own picks, once
+        the sink is written (before, PBSA takes all). The same function, fewer key reads per
+        query (docs/sparse_forcing.md); the "gather" path computes it in one piece either way.
       guidance: classifier-free guidance of each denoising step at inference (1: none, the
         Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same
         batch, with cache rows of its own (twice the cache and compute):
@@ -85,6 +90,7 @@ class ForcingConfig:
     salience_decay: float = 0.9
     query_tile: int | None = None
     pbsa_backend: str = "auto"
+    dense_shared: bool = False
     guidance: float = 1.0
 
     @property
@@ -144,6 +150,8 @@ class ForcingConfig:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
         if not 0.0 <= self.salience_decay < 1.0:
             raise ValueError(f"salience_decay must be in [0, 1), got {self.salience_decay}")
+        if self.dense_shared and self.attention != "sparse":
+            raise ValueError("ForcingConfig.dense_shared applies to attention='sparse' only")
         if self.query_tile is not None and self.query_tile < 1:
             raise ValueError(f"query_tile must be positive, got {self.query_tile}")
         if self.attention == "dense":

@@ -80,7 +80,7 @@ def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
         raise ValueError(f"ring attention could not shard tokens over {axis!r}: q {q_spec}")
     shard_len = padded // ring
     tpu = mesh.devices.flat[0].platform == "tpu"
-    block = functools.partial(_splash_block if tpu else _jnp_block, scale=scale)
+    block = functools.partial(splash_block if tpu else _jnp_block, scale=scale)
 
     def local(q, k, v):
         me = jax.lax.axis_index(axis) if ring > 1 else 0
@@ -117,7 +117,7 @@ def splash_attention(q, k, v, *, scale: float):
     another device's rows.
     """
     if current() is None:  # one device: the kernel over all of q, k, v
-        return _splash_block(q, k, v, k.shape[1], scale=scale, residuals=False)[0].astype(q.dtype)
+        return splash_block(q, k, v, k.shape[1], scale=scale, residuals=False)[0].astype(q.dtype)
     mesh, strategy = _active("splash attention")
     length = q.shape[1]
     token_axes = logical_to_spec(Q_AXES, strategy.activations, mesh, q.shape, pad=("attn_tokens",))[
@@ -132,7 +132,7 @@ def splash_attention(q, k, v, *, scale: float):
     s = k.shape[1]
 
     def local(q, k, v):
-        out, _ = _splash_block(q, k, v, s, scale=scale, residuals=False)
+        out, _ = splash_block(q, k, v, s, scale=scale, residuals=False)
         return out.astype(q.dtype)
 
     out = jax.shard_map(
@@ -169,7 +169,7 @@ def _splash_length(length: int) -> int:
     return -(-length // unit) * unit
 
 
-def _splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: bool = False):
+def splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: bool = False):
     """Splash attention of one device's q over its k/v; keys from `valid` on are masked.
 
     `interpret` runs the Pallas kernel in interpret mode (any backend, for tests).
