@@ -1333,8 +1333,11 @@ def decode_configs(
     shared = dataclasses.replace(
         sparse, dense_shared=True, pbsa_backend="reference" if backend == "gather" else backend
     )
-    return {"dense": dataclasses.replace(dense, block_size=block), "sparse": sparse,
-            "sparse_shared": shared}  # fmt: skip
+    return {
+        "dense": dataclasses.replace(dense, block_size=block),
+        "sparse": sparse,
+        "sparse_shared": shared,
+    }
 
 
 def peak_kv_bytes(config: wan.WanConfig, layout: CacheLayout) -> int:
@@ -1367,11 +1370,12 @@ def _decode_layers(ctx: Context, full: wan.WanConfig, tokens: int, keys: int, fo
     """Layers whose `forwards` chunk forwards (both layouts priced as dense) fit in 80% of the
     time left after compiling, from the rate wan-step achieved (else a third of the ceiling).
 
-    Compiling does not grow with depth (the layers are scanned): seven programs (a write and a
-    forward per layout, three one-layer attentions) took about 50 s on a TPU v5e at full size.
+    Compiling does not grow with depth (the layers are scanned): a write and a forward per
+    layout and five one-layer attentions; seven programs (two layouts) took about 50 s on a TPU
+    v5e at full size, so eleven are priced at 75 s.
     """
     layer_s = forwards * _decode_layer_flops(full, tokens, keys) / (_rate_tflops(ctx) * 1e12)
-    compile_s = 8.0 if ctx.smoke else 50.0
+    compile_s = 8.0 if ctx.smoke else 75.0
     fit = int((0.8 * ctx.left() - compile_s) / layer_s)
     return max(1, min(full.num_layers, fit))
 
@@ -1387,12 +1391,11 @@ def decode_section(ctx: Context) -> dict:
 
     A random-weight `CausalWan` (bf16, batch 1, as many of the 30 layers as fit the cap and the
     device's memory; ms scaled to full depth by the layer ratio in `*_full_est`) runs
-    tiny-causal's two layouts at 1560 tokens a frame (`decode_configs`): dense (Self-Forcing:
-    sink 3 + window 15 frames) and sparse (Sparse Forcing at equal context span, through the
-    PBSA kernel `pbsa_backend="auto"` picks; the XLA gather path on a CPU), and sparse with
-    `dense_shared` (the sink and chunk blocks every tile lists in one dense kernel call). Each
-    cache is
-    filled to steady state with `write_clean` (window full, memory and compressed ring cycling,
+    tiny-causal's layouts at 1560 tokens a frame (`decode_configs`): dense (Self-Forcing: sink 3
+    + window 15 frames), sparse (Sparse Forcing at equal context span, through the PBSA kernel
+    `pbsa_backend="auto"` picks; the XLA gather path on a CPU) and sparse with `dense_shared`
+    (the sink and chunk blocks every tile lists in one dense kernel call). Each cache is filled
+    to steady state with `write_clean` (window full, memory and compressed ring cycling,
     positions past the horizon); then one `chunk_velocity` at steady state is timed: one
     denoising step of a 3-frame chunk (a chunk costs `forwards_per_chunk` of them, the clean
     pass included).
@@ -1498,8 +1501,9 @@ def decode_section(ctx: Context) -> dict:
 
 def _decode_programs(ctx: Context, full: wan.WanConfig, layers: int, layouts: dict, hw):
     """Each layout's programs (`_decode_program`) at `layers` layers, with fewer layers while
-    the largest needs more than 90% of the device's free memory (the dense clean pass of 30
-    layers at 480p needs 22 GiB of temporaries; a TPU v5e has 16 GiB).
+    the largest needs more than 90% of the device's free memory, or a TPU compile refuses it
+    (the dense clean pass of 30 layers at 480p asks 17.7 GiB of temporaries; a TPU v5e has
+    15.7).
 
     Returns:
       (layers, {layout name: (write, forward)}).
@@ -1517,8 +1521,12 @@ def _decode_programs(ctx: Context, full: wan.WanConfig, layers: int, layouts: di
             if "RESOURCE_EXHAUSTED" not in str(e) or layers == 1 or attempt == 3:
                 raise
             asked = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
-            largest = float(asked.group(1)) * GIB if asked else 2.0 * free
             free = min(free, _hbm_bytes(str(e), free))
+            if not (asked and math.isfinite(free)):
+                ctx.scaled(f"{layers} layers ran out of device memory")
+                layers = max(1, layers // 2)
+                continue
+            largest = float(asked.group(1)) * GIB
             programs = None
         if programs is not None and (layers == 1 or largest <= 0.9 * free or attempt == 3):
             break

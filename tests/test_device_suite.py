@@ -161,7 +161,8 @@ def test_decode_programs_shrink_when_a_tpu_compile_runs_out_of_memory(monkeypatc
     monkeypatch.setattr(suite, "_decode_program", fake_program)
 
     class Ctx:
-        notes = []
+        def __init__(self):
+            self.notes = []
 
         def scaled(self, note):
             self.notes.append(note)
@@ -170,9 +171,10 @@ def test_decode_programs_shrink_when_a_tpu_compile_runs_out_of_memory(monkeypatc
             pass
 
     full = suite.get("wan2.1-1.3b").config
-    layers, programs = suite._decode_programs(Ctx(), full, 30, {"dense": None}, (60, 104))
+    ctx = Ctx()
+    layers, programs = suite._decode_programs(ctx, full, 30, {"dense": None}, (60, 104))
     assert tried[0] == 30 and 0.75 * layers <= 0.9 * 15.75 and layers >= 15, tried
-    assert set(programs) == {"dense"} and Ctx.notes
+    assert set(programs) == {"dense"} and ctx.notes
 
     def other_error(config, layout, hw):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")

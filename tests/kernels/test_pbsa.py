@@ -59,9 +59,10 @@ class Case:
 GQA_RAGGED = Case()
 MHA_EVEN = Case(b=2, n=2, n_kv=2, lq=32, k=16, num_slots=5, max_sel=5)
 # Frames whose token count is not a multiple of 16, one frame per block (block_size must divide a
-# frame): 24 tokens (the Triton kernel reads 32-key windows; the TPU kernel copies 4 blocks per
-# step) and 60 tokens (64-key windows, one block per TPU step), the query tiles not aligned to
-# the blocks, the last tile partial.
+# frame): 24 tokens (the Triton kernel reads 32-key windows; the TPU kernel copies several
+# blocks a step, in float32 tile-aligned as they are) and 60 tokens (64-key windows; on TPU
+# padded to a 64-row stride when a step copies several, as is when it copies one), the query
+# tiles not aligned to the blocks, the last tile partial.
 FRAME_24 = Case(n=4, n_kv=2, lq=60, num_slots=7, block_size=24, block_q=24, max_sel=4)
 FRAME_60 = Case(n=2, n_kv=1, lq=60, k=16, num_slots=3, block_size=60, block_q=32, max_sel=3)
 
@@ -226,15 +227,17 @@ KERNEL_CASES = [
     (GQA_RAGGED, None),
     (MHA_EVEN, BlockSizes(block_q=8, block_kv=32)),  # 2 programs per tile, 2 blocks per step
     (FRAME_24, None),
-    (FRAME_60, None),
-    # Blocks of 60 tokens at a 64-row stride, 3 per step: rows between blocks zeroed and masked.
+    (FRAME_60, BlockSizes(block_kv=60)),  # one unpadded block a step
+    # Blocks of 60 tokens padded to a 64-row stride, 3 a step: the padding zero and masked.
     (FRAME_60, BlockSizes(block_kv=256)),
 ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "case,block_sizes", KERNEL_CASES, ids=["gqa_ragged", "mha_split", "frame_24", "frame_60", "frame_60_steps"]
+    "case,block_sizes",
+    KERNEL_CASES,
+    ids=["gqa_ragged", "mha_split", "frame_24", "frame_60", "frame_60_steps"],
 )
 @settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
@@ -506,8 +509,16 @@ def _abstract_args(dtype, sharding=None, block_q=128, **s):
 def _sparse_forcing_call(backend, block_q=128, block_sizes=None):
     def f(q, pk, pv, idx, cnt, lens):
         return pbsa(
-            q, pk, pv, idx, cnt, block_q=block_q, slot_len=lens, return_lse=True,
-            backend=backend, block_sizes=block_sizes,
+            q,
+            pk,
+            pv,
+            idx,
+            cnt,
+            block_q=block_q,
+            slot_len=lens,
+            return_lse=True,
+            backend=backend,
+            block_sizes=block_sizes,
         )
 
     return f
@@ -533,8 +544,8 @@ def test_tpu_kernel_compiles_for_v5e():
     for shapes, block_q, tiles in (
         (SF_SHAPES, 128, None),  # MHA
         ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128, None),  # GQA
-        (wan, 1560, None),  # 2 blocks of 60 at a 64-row stride per step
-        (wan, 1560, BlockSizes(block_kv=1024)),  # 16 per step
+        (wan, 1560, BlockSizes(block_kv=60)),  # one unpadded block of 60 a step
+        (wan, 1560, None),  # 16 blocks a step, each padded to a 64-row stride
     ):
         args = _abstract_args(jnp.bfloat16, sharding, block_q=block_q, **shapes)
         call = _sparse_forcing_call("tpu", block_q=block_q, block_sizes=tiles)
@@ -623,3 +634,15 @@ def test_triton_kernel_lowers_for_cuda_at_wan_480p(n_kv):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     ((grad_params, _),) = _triton_calls(grad.trace(*args).lower(lowering_platforms=("cuda",)))
     assert grad_params == params
+
+
+def test_slot_lengths_past_the_block_are_the_block():
+    """A slot length above `block_size` reads the block, never the TPU kernel's padding."""
+    q, pk, pv, idx, cnt, lens = make_inputs(FRAME_60, 7)
+    tiles = BlockSizes(block_kv=256)  # blocks padded to a 64-row stride
+    run = lambda lens: pbsa(
+        q, pk, pv, idx, cnt, block_q=FRAME_60.block_q, slot_len=lens, block_sizes=tiles,
+        interpret=True,
+    )  # fmt: skip
+    full = jnp.full_like(lens, FRAME_60.block_size)
+    np.testing.assert_allclose(run(full + 3), run(full), atol=1e-6)

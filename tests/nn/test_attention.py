@@ -106,6 +106,9 @@ def _fresh_reports():
         ("tpu without a mesh", ("tpu", SMALL, SMALL, BF16, False), {}, "xla", "running on tpu"),
         ("tpu long, no mesh", ("tpu", WAN_Q, WAN_Q, BF16, False), {}, "splash", "splash"),
         ("tpu long with a mask", ("tpu", WAN_Q, WAN_Q, BF16, True), {}, "chunked", "on tpu"),
+        ("tpu long, 4 chips", ("tpu", WAN_Q, WAN_Q, BF16, False), {"devices": 4}, "chunked", "tpu"),
+        ("tpu long, GQA", ("tpu", WAN_Q, (2, 32_760, 4, 128), BF16, False), {}, "chunked", "tpu"),
+        ("tpu long, mixed dtypes", ("tpu", WAN_Q, WAN_Q, None, False), {}, "chunked", "tpu"),
     ],
 )
 def test_choose_impl(case, args, kwargs, want, why):

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType
 
 from vidax.nn.attention import attention, attention_chunked, attention_reference
-from vidax.nn.ring_attention import splash_block, ring_attention
+from vidax.nn.ring_attention import ring_attention, splash_block
 from vidax.planner import load_topology
 from vidax.planner.hlo import analyze_hlo
 from vidax.sharding.rules import compose_strategy, use_mesh

@@ -417,10 +417,10 @@ def _frame_tokens(blocks: Float[Array, "b n m bs k"], layout: CacheLayout):
     return x.reshape(b, n, -1, k).swapaxes(1, 2)
 
 
-def dense_with_lse(q, k, v, *, scale: float):
+def _dense_with_lse(q, k, v, *, scale: float):
     """Unmasked attention with its log-sum-exp: ((b, l, n, k) float32, (b, n, l)); the splash
-    kernel on a TPU, the jnp online softmax elsewhere (cuDNN's fused call returns no
-    log-sum-exp)."""
+    kernel on a TPU (forward only: splash has no derivative with its residuals), the jnp online
+    softmax elsewhere (cuDNN's fused call returns no log-sum-exp)."""
     if jax.devices()[0].platform == "tpu":
         return splash_block(q, k, v, k.shape[1], scale=scale)
     return attend_blocks(q, k, v, scale=scale)
@@ -438,15 +438,14 @@ def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, 
             f"the chunk's own ({own}) slots; got {idx.shape[-1]} entries"
         )
 
+    def shared_tokens(pool):  # (b, sink + chunk tokens, n, k)
+        parts = [pool[:, :, :sink]] if sink else []
+        parts = [_frame_tokens(p, layout) for p in (*parts, pool[:, :, slots:])]
+        return jnp.concatenate(parts, axis=1)
+
     def split(qr, pool_k, pool_v, idx, lengths):
-        shared = [
-            jnp.concatenate(
-                [_frame_tokens(p[:, :, :sink], layout), _frame_tokens(p[:, :, slots:], layout)],
-                axis=1,
-            )
-            for p in (pool_k, pool_v)
-        ]
-        o, lse = dense_with_lse(qr, *shared, scale=scale)
+        keys, values = shared_tokens(pool_k), shared_tokens(pool_v)
+        o, lse = _dense_with_lse(qr, keys, values, scale=scale)
         if picks:
             mine = idx[..., sink : sink + picks]
             o_picks, lse_picks = _pbsa_lists(
@@ -458,13 +457,18 @@ def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, 
     def whole(qr, pool_k, pool_v, idx, lengths):
         return _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)[0]
 
-    # Until every sink frame is written, its slots are partly empty: PBSA masks them.
+    # The sink is written whole frames at a time, in order, and a written slot is full: until
+    # every sink slot has tokens, PBSA (which masks empty slots) takes the whole lists.
     ready = jnp.all(lengths[:, :, :sink] > 0) if sink else jnp.bool_(True)
     out = jax.lax.cond(
         ready,
         lambda *a: split(*a).astype(jnp.float32),
         lambda *a: whole(*a).astype(jnp.float32),
-        qr, pool_k, pool_v, idx, lengths,
+        qr,
+        pool_k,
+        pool_v,
+        idx,
+        lengths,
     )
     return out.astype(qr.dtype)
 

@@ -67,7 +67,8 @@ class ForcingConfig:
         query tile lists (the sink and the chunk's own) are attended in one dense kernel call
         (splash on a TPU) and merged by log-sum-exp with PBSA over each tile's own picks, once
         the sink is written (before, PBSA takes all). The same function, fewer key reads per
-        query (docs/sparse_forcing.md); the "gather" path computes it in one piece either way.
+        query (docs/sparse_forcing.md); inference only on a TPU (splash's log-sum-exp has no
+        derivative; training runs "gather"), and the "gather" path computes it in one piece.
       guidance: classifier-free guidance of each denoising step at inference (1: none, the
         Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same
         batch, with cache rows of its own (twice the cache and compute):

@@ -101,6 +101,7 @@ def choose_impl(
     *,
     compute_capability: tuple[int, int] | None = None,
     tokens_sharded: bool = False,
+    devices: int = 1,
 ) -> tuple[str, str]:
     """The "auto" implementation off a TPU mesh and outside ring attention, from static facts.
 
@@ -113,6 +114,8 @@ def choose_impl(
         compute_capability: the GPU's CUDA (major, minor), None where it is not a CUDA device.
         tokens_sharded: the active strategy splits q or k/v over tokens, or lays them out
             differently (cuDNN's partitioner splits batch and heads only).
+        devices: devices the computation may span without a vidax mesh (a splash call is not
+            partitioned by GSPMD: one device only).
 
     Returns:
         (impl, reason): "cudnn" where cuDNN flash attention takes the inputs on a GPU;
@@ -121,7 +124,8 @@ def choose_impl(
     """
     b, length, n, _ = q_shape
     fallback = "chunked" if b * n * length * k_shape[1] > CHUNKED_ABOVE else "xla"
-    if platform == "tpu" and fallback == "chunked" and not has_mask:
+    one_kernel = devices == 1 and q_shape[2] == k_shape[2] and dtype is not None
+    if platform == "tpu" and fallback == "chunked" and not has_mask and one_kernel:
         # On a TPU v5e the Pallas kernel is 1.6-3x faster than the jnp online softmax at Sparse
         # Forcing's decode sizes (docs/sparse_forcing.md); short sequences stay on XLA.
         return "splash", "long sequence on a TPU: the splash attention kernel"
@@ -198,6 +202,7 @@ def _auto_impl(q, k, v, mask) -> str:
         mask is not None,
         compute_capability=capability,
         tokens_sharded=platform == "gpu" and active is not None and _tokens_sharded(q, k, *active),
+        devices=jax.device_count() if active is None else mesh.size,
     )
     if platform == "gpu" and impl != "cudnn" and reason not in _REPORTED:
         _REPORTED.add(reason)

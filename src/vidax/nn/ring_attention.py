@@ -116,9 +116,10 @@ def splash_attention(q, k, v, *, scale: float):
     not divide by their shards are padded (and the padded rows dropped), so no device computes
     another device's rows.
     """
-    if current() is None:  # one device: the kernel over all of q, k, v
+    active = current()
+    if active is None:  # one device: the kernel over all of q, k, v
         return splash_block(q, k, v, k.shape[1], scale=scale, residuals=False)[0].astype(q.dtype)
-    mesh, strategy = _active("splash attention")
+    mesh, strategy = active
     length = q.shape[1]
     token_axes = logical_to_spec(Q_AXES, strategy.activations, mesh, q.shape, pad=("attn_tokens",))[
         1
@@ -172,9 +173,17 @@ def _splash_length(length: int) -> int:
 def splash_block(q, k, v, valid, *, scale, residuals: bool = True, interpret: bool = False):
     """Splash attention of one device's q over its k/v; keys from `valid` on are masked.
 
-    `interpret` runs the Pallas kernel in interpret mode (any backend, for tests).
+    Args:
+      q: (b, l, n, k) queries; k, v: (b, s, n, k) keys and values (as many heads as q).
+      valid: int (traced or static) keys counted from the start; the rest are masked.
+      scale: logit scale.
+      residuals: also return the log-sum-exp. Forward only: jax's splash kernel has no
+        derivative when it saves its residuals.
+      interpret: run the Pallas kernel in interpret mode (any backend, for tests).
 
-    Returns (float32-or-q-dtype output (b, l, n, k), log-sum-exp (b, n, l) or None).
+    Returns:
+      (output (b, l, n, k): float32 with residuals, else q's dtype; log-sum-exp (b, n, l) or
+      None).
     """
     # Imported here, not at the top: only TPU meshes (and interpret-mode tests) run the kernel.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk

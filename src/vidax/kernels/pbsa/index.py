@@ -217,10 +217,12 @@ def selection_from_mask(
 
 
 def full_slot_len(slot_len, *, b: int, n_kv: int, num_slots: int, block_size: int):
-    """`slot_len` as int32 `(b, n_kv, num_slots)` (all `block_size` when None)."""
+    """`slot_len` as int32 `(b, n_kv, num_slots)` in [0, block_size] (all `block_size` when
+    None): the TPU kernel pads blocks past their size, and a larger length must not reach the
+    padding."""
     if slot_len is None:
         return jnp.full((b, n_kv, num_slots), block_size, jnp.int32)
-    slot_len = slot_len.astype(jnp.int32)
+    slot_len = jnp.clip(slot_len.astype(jnp.int32), 0, block_size)
     if slot_len.ndim == 2:
         slot_len = jnp.broadcast_to(slot_len[:, None], (b, n_kv, num_slots))
     return slot_len
