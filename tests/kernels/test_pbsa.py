@@ -637,12 +637,13 @@ def test_triton_kernel_lowers_for_cuda_at_wan_480p(n_kv):
 
 
 def test_slot_lengths_past_the_block_are_the_block():
-    """A slot length above `block_size` reads the block, never the TPU kernel's padding."""
+    """Under jit (where `check_inputs` cannot see the values), a slot length above
+    `block_size` reads the block, never the TPU kernel's padding."""
     q, pk, pv, idx, cnt, lens = make_inputs(FRAME_60, 7)
     tiles = BlockSizes(block_kv=256)  # blocks padded to a 64-row stride
-    run = lambda lens: pbsa(
+    run = jax.jit(lambda lens: pbsa(
         q, pk, pv, idx, cnt, block_q=FRAME_60.block_q, slot_len=lens, block_sizes=tiles,
         interpret=True,
-    )  # fmt: skip
+    ))  # fmt: skip
     full = jnp.full_like(lens, FRAME_60.block_size)
     np.testing.assert_allclose(run(full + 3), run(full), atol=1e-6)
