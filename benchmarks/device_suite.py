@@ -69,6 +69,7 @@ from vidax.forcing.attention import (
 )
 from vidax.forcing.rollout import chunk_velocity, write_clean
 from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
+from vidax.kernels.pbsa.kernel import TPU_MAX_ROWS
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
@@ -85,9 +86,10 @@ STEPS, SHIFT, GUIDANCE = 50, 3.0, 5.0
 DVG_BUDGETS = (0.2, 0.33)
 # PBSA at Wan 2.1 1.3B 480p (docs/sparse_forcing.md): 1560 tokens a latent frame (30 x 52 after
 # the 2x2 patch), 12 heads of 128, a 3-frame chunk of queries over a sink 3 + window 15 frame
-# pool of 60-token blocks (26 a frame), selection tiles of 120 queries (13 a frame).
+# pool of 60-token blocks (26 a frame), one selection per latent frame of queries (tiny-causal's
+# `query_tile=None`; runs before 2026-12-07 used tiles of 120).
 PBSA_SIZES = {"frame": 1560, "heads": 12, "head_dim": 128, "chunk": 3, "pool_frames": 18}
-PBSA_SIZES |= {"block": 60, "block_q": 120}
+PBSA_SIZES |= {"block": 60, "block_q": 1560}
 SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
 SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
 PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
@@ -414,10 +416,13 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
         f"{_num(r, 'dense_ms', '.2f')} ms over {r.get('keys', '?')} keys; per-key rate vs dense: "
         f"{rates}; max rel err vs reference {_num(r, 'max_rel_err', '.1e')} (ragged, GQA)"
     )
-    sweep = [n for n in PBSA_BLOCK_KV if f"kernel_ms_30_kv{n}" in r]
+    sweep = [k.removeprefix("kernel_ms_30_") for k in r if k.startswith("kernel_ms_30_")]
     if sweep:
-        tried = ", ".join(f"{n} {_num(r, f'kernel_ms_30_kv{n}', '.2f')} ms" for n in sweep)
-        notes += f"; 30% by block_kv (default {BlockSizes().block_kv}): {tried}"
+        tried = ", ".join(f"{t} {_num(r, f'kernel_ms_30_{t}', '.2f')} ms" for t in sweep)
+        notes += (
+            f"; 30% by tiles (default block_kv {BlockSizes().block_kv}, query rows up to "
+            f"{TPU_MAX_ROWS}): {tried}"
+        )
     return kernel, "", "", notes
 
 
@@ -1278,24 +1283,31 @@ def pbsa_section(ctx: Context) -> dict:
             times, _ = time_jax(ref, q, pk, pv, idx, cnt, lo=3, budget_s=0.1 * ctx.left())
             ctx.record(reference_ms_30=1e3 * statistics.median(times))
             sweep, base = (q, pk, pv, idx, cnt), np.asarray(out)
-    # The TPU kernel copies `block_kv // block` selected blocks per inner step; at the default
-    # (128 keys: two blocks of 60 here) the loop's per-step cost may dominate. Larger steps, at
-    # 30%, with the time left (the GPU kernel reads one block per step: nothing to sweep).
+    # The TPU kernel's tiles, at 30%, with the time left (the GPU kernel reads one block per
+    # step and its rows are bounded by registers: nothing to sweep): key rows per inner step
+    # (`block_kv`) and query rows per program (`block_q`: each program reads its tile's
+    # selected keys, so fewer programs per selection tile read fewer keys). A tile the chip
+    # refuses (VMEM) is noted and skipped.
     if ctx.smoke or backend == "tpu":
-        for i, n in enumerate(PBSA_BLOCK_KV):
+        tiles = {f"kv{n}": BlockSizes(block_kv=n) for n in PBSA_BLOCK_KV}
+        tiles |= {f"q{r}": BlockSizes(block_q=r) for r in (bq // 2, bq)}
+        for i, (label, sizes) in enumerate(tiles.items()):
             if ctx.left() < (2.0 if ctx.smoke else 6.0):
-                ctx.scaled(f"block_kv sweep stopped before {n}: out of time")
+                ctx.scaled(f"tile sweep stopped before {label}: out of time")
                 break
-            tiles = functools.partial(kernel, block_sizes=BlockSizes(block_kv=n))
-            run, _, _ = compile_jax(tiles, *sweep)
-            share = 0.5 / (len(PBSA_BLOCK_KV) - i)
-            times, out = time_jax(run, *sweep, lo=3, budget_s=share * ctx.left())
+            try:
+                run, _, _ = compile_jax(functools.partial(kernel, block_sizes=sizes), *sweep)
+                share = 0.5 / (len(tiles) - i)
+                times, out = time_jax(run, *sweep, lo=3, budget_s=share * ctx.left())
+            except Exception as e:  # the chip's refusal is the result: note it, go on
+                ctx.scaled(f"tiles {label} failed: {type(e).__name__}: {str(e)[:160]}")
+                continue
             # Tiles change the order of the online softmax's sums, not the result.
             diff = max(
                 ctx.results.get("block_kv_max_rel_diff", 0.0), rel_diff(np.asarray(out), base)
             )
             ctx.record(
-                **{f"kernel_ms_30_kv{n}": 1e3 * statistics.median(times)},
+                **{f"kernel_ms_30_{label}": 1e3 * statistics.median(times)},
                 block_kv_max_rel_diff=diff,
             )
     return {}

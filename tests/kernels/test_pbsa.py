@@ -647,3 +647,31 @@ def test_slot_lengths_past_the_block_are_the_block():
     ))  # fmt: skip
     full = jnp.full_like(lens, FRAME_60.block_size)
     np.testing.assert_allclose(run(full + 3), run(full), atol=1e-6)
+
+
+def test_tpu_programs_per_selection_tile_keep_rows_bounded(monkeypatch):
+    """`block_q=None` on TPU: the largest divisor of the selection tile within TPU_MAX_ROWS
+    rows (a Wan 480p frame: 4 programs of 390 rows), and the split tiles still compute the
+    same attention."""
+    from vidax.kernels.pbsa import kernel as kernel_module
+    from vidax.kernels.pbsa.index import PbsaDims
+
+    def split(block_q, groups=1, backend="tpu"):
+        dims = PbsaDims(
+            b=1, n=groups, n_kv=1, lq=3 * block_q, k=128, num_slots=8, block_size=60,
+            block_q=block_q, num_q_tiles=3, max_sel=4,
+        )  # fmt: skip
+        static = kernel_module._Static(
+            dims=dims, scale=1.0, block_sizes=BlockSizes(), backend=backend, interpret=True
+        )
+        return static.q_split
+
+    assert kernel_module.TPU_MAX_ROWS == 512
+    assert split(1560) == 4 and split(120) == 1 and split(1560, groups=2) == 8
+    assert split(1560, backend="triton") == 13  # 120 rows: Triton's register bound
+    # A 16-row tile in programs of at most 8 rows: 4 programs of 4 rows a head (GQA groups of 2).
+    monkeypatch.setattr(kernel_module, "TPU_MAX_ROWS", 8)
+    q, pk, pv, idx, cnt, lens = make_inputs(GQA_RAGGED, 3)
+    run = jax.jit(functools.partial(pbsa, block_q=16, slot_len=lens, interpret=True))
+    want = pbsa_reference(q, pk, pv, idx, cnt, block_q=16, slot_len=lens)
+    np.testing.assert_allclose(run(q, pk, pv, idx, cnt), want, atol=F32_TOL, rtol=F32_TOL)

@@ -202,7 +202,7 @@ def _auto_impl(q, k, v, mask) -> str:
         mask is not None,
         compute_capability=capability,
         tokens_sharded=platform == "gpu" and active is not None and _tokens_sharded(q, k, *active),
-        devices=jax.device_count() if active is None else mesh.size,
+        devices=jax.device_count() if mesh is None else mesh.size,
     )
     if platform == "gpu" and impl != "cudnn" and reason not in _REPORTED:
         _REPORTED.add(reason)

@@ -67,6 +67,9 @@ from vidax.kernels.pbsa.index import (
 from vidax.kernels.pbsa.reference import _attend, _q_tiles
 
 BACKENDS = ("auto", "tpu", "triton", "reference")
+# Query rows of one TPU program at most (`BlockSizes.block_q=None`): a Wan 480p frame's 1560
+# queries run as 4 programs of 390 rows, each reading its frame's selected blocks.
+TPU_MAX_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,8 +78,9 @@ class BlockSizes:
 
     Attributes:
         block_q: query rows (per head) of one program; must divide the selection tile
-            `block_q` of the lists. None uses the whole selection tile on TPU and, on GPU, the
-            largest divisor that keeps `groups * block_q` within 128 padded rows.
+            `block_q` of the lists. None uses the largest divisor of the selection tile that
+            keeps `groups * block_q` within `TPU_MAX_ROWS` rows on TPU and within 128 padded
+            rows on GPU.
         block_kv: key rows per inner step on TPU, rounded down to whole pool blocks of their
             aligned stride (at least one). Larger steps amortise the loop and feed the MXU
             wider matmuls.
@@ -118,12 +122,18 @@ class _Static:
     def q_split(self) -> int:
         """Programs per selection tile."""
         d, bq = self.dims, self.block_sizes.block_q
-        if bq is None and self.backend == "triton":
-            # A Triton program keeps its (rows, k) accumulator in registers: keep the padded
-            # rows (groups * bq, rounded up to a power of two) at most 128.
-            fits = [c for c in range(1, d.block_q + 1) if d.block_q % c == 0]
-            fits = [c for c in fits if pl.next_power_of_2(d.groups * c) <= 128] or [1]
-            bq = max(fits)
+        if bq is None and self.backend in ("triton", "tpu"):
+            divisors = [c for c in range(1, d.block_q + 1) if d.block_q % c == 0]
+            if self.backend == "triton":
+                # A Triton program keeps its (rows, k) accumulator in registers: keep the
+                # padded rows (groups * bq, rounded up to a power of two) at most 128.
+                fits = [c for c in divisors if pl.next_power_of_2(d.groups * c) <= 128]
+            else:
+                # A Mosaic program holds a few (rows, keys per step) float32 tiles in VMEM
+                # (16 MiB scoped on a v5e): at most TPU_MAX_ROWS rows. Every program reads its
+                # tile's keys, so the fewer programs per tile the fewer key reads.
+                fits = [c for c in divisors if d.groups * c <= TPU_MAX_ROWS]
+            bq = max(fits or [1])
         return d.block_q // (bq or d.block_q)
 
 
