@@ -233,10 +233,28 @@ def test_gather_attention_equals_pbsa_reference():
     [(1, 0), (1, 7), (2, 1), (0, 7)],
     ids=["sink-empty", "steady", "sink-half-written", "no-sink"],
 )
-@pytest.mark.parametrize("backend", ["reference", "tpu"])
-def test_dense_shared_is_the_same_attention(grid, block, sink, chunks, backend, monkeypatch):
+def test_dense_shared_is_the_same_attention(grid, block, sink, chunks, monkeypatch):
     """`dense_shared` (sink and chunk blocks densely, the tiles' own picks through PBSA, merged
     by log-sum-exp; PBSA alone until the sink is written) == PBSA over the whole lists."""
+    _check_dense_shared(grid, block, sink, chunks, "reference", monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "grid,block,sink,chunks",
+    [
+        ((2, 3), 4, 1, 7),
+        pytest.param(GRID, 2, 1, 7, marks=pytest.mark.slow),
+        pytest.param((2, 3), 4, 2, 1, marks=pytest.mark.slow),
+        pytest.param(GRID, 2, 0, 7, marks=pytest.mark.slow),
+    ],
+    ids=["ragged-steady", "even-steady", "ragged-sink-half-written", "even-no-sink"],
+)
+def test_dense_shared_on_the_tpu_kernels(grid, block, sink, chunks, monkeypatch):
+    """The same with the TPU kernel and splash, interpreted on this CPU."""
+    _check_dense_shared(grid, block, sink, chunks, "tpu", monkeypatch)
+
+
+def _check_dense_shared(grid, block, sink, chunks, backend, monkeypatch):
     if backend == "tpu":  # the Mosaic kernel, interpreted on this CPU, and splash's dense half
         monkeypatch.setattr(forcing_attention, "pbsa", functools.partial(pbsa, interpret=True))
         splash = lambda q, k, v, scale: splash_block(
