@@ -58,8 +58,8 @@ from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
-from vidax.nn.ring_attention import splash_block
-from vidax.nn.softmax import attend_blocks, merge_partials, normalize, softmax_stats
+from vidax.nn.ring_attention import block_attention
+from vidax.nn.softmax import merge_partials, normalize, softmax_stats
 
 _EMPTY = -1e30  # compressed score of an empty slot
 
@@ -418,12 +418,11 @@ def _frame_tokens(blocks: Float[Array, "b n m bs k"], layout: CacheLayout):
 
 
 def _dense_with_lse(q, k, v, *, scale: float):
-    """Unmasked attention with its log-sum-exp: ((b, l, n, k) float32, (b, n, l)); the splash
-    kernel on a TPU (forward only: splash has no derivative with its residuals), the jnp online
-    softmax elsewhere (cuDNN's fused call returns no log-sum-exp)."""
-    if jax.devices()[0].platform == "tpu":
-        return splash_block(q, k, v, k.shape[1], scale=scale)
-    return attend_blocks(q, k, v, scale=scale)
+    """Unmasked attention with its log-sum-exp: ((b, l, n, k) float32, (b, n, l)); splash on a
+    TPU (forward only), the jnp online softmax elsewhere (cuDNN's fused call returns no
+    log-sum-exp)."""
+    tpu = jax.devices()[0].platform == "tpu"
+    return block_attention(q, k, v, k.shape[1], scale=scale, tpu=tpu)
 
 
 def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, backend):
@@ -438,10 +437,8 @@ def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, 
             f"the chunk's own ({own}) slots; got {idx.shape[-1]} entries"
         )
 
-    def shared_tokens(pool):  # (b, sink + chunk tokens, n, k)
-        parts = [pool[:, :, :sink]] if sink else []
-        parts = [_frame_tokens(p, layout) for p in (*parts, pool[:, :, slots:])]
-        return jnp.concatenate(parts, axis=1)
+    def shared_tokens(pool):  # the sink's and the chunk's whole frames: (b, tokens, n, k)
+        return _frame_tokens(jnp.concatenate([pool[:, :, :sink], pool[:, :, slots:]], 2), layout)
 
     def split(qr, pool_k, pool_v, idx, lengths):
         keys, values = shared_tokens(pool_k), shared_tokens(pool_v)
@@ -452,25 +449,15 @@ def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, 
                 qr, pool_k, pool_v, mine, lengths, layout, scale, backend
             )
             o, _ = merge_partials((o, lse), (o_picks.astype(jnp.float32), lse_picks))
-        return o
+        return o.astype(qr.dtype)
 
-    def whole(qr, pool_k, pool_v, idx, lengths):
+    def whole(qr, pool_k, pool_v, idx, lengths):  # PBSA's output is in qr's dtype
         return _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)[0]
 
     # The sink is written whole frames at a time, in order, and a written slot is full: until
     # every sink slot has tokens, PBSA (which masks empty slots) takes the whole lists.
     ready = jnp.all(lengths[:, :, :sink] > 0) if sink else jnp.bool_(True)
-    out = jax.lax.cond(
-        ready,
-        lambda *a: split(*a).astype(jnp.float32),
-        lambda *a: whole(*a).astype(jnp.float32),
-        qr,
-        pool_k,
-        pool_v,
-        idx,
-        lengths,
-    )
-    return out.astype(qr.dtype)
+    return jax.lax.cond(ready, split, whole, qr, pool_k, pool_v, idx, lengths)
 
 
 def sparse_attention(

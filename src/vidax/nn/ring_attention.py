@@ -80,7 +80,7 @@ def ring_attention(q, k, v, *, scale: float, axis: str = "seq"):
         raise ValueError(f"ring attention could not shard tokens over {axis!r}: q {q_spec}")
     shard_len = padded // ring
     tpu = mesh.devices.flat[0].platform == "tpu"
-    block = functools.partial(splash_block if tpu else _jnp_block, scale=scale)
+    block = functools.partial(block_attention, scale=scale, tpu=tpu)
 
     def local(q, k, v):
         me = jax.lax.axis_index(axis) if ring > 1 else 0
@@ -155,7 +155,15 @@ def _with_rules(strategy, activations):
     return dataclasses.replace(strategy, activations=activations)
 
 
-def _jnp_block(q, k, v, valid, *, scale):
+def block_attention(q, k, v, valid, *, scale: float, tpu: bool):
+    """One device's attention of q over its k/v with the log-sum-exp, keys from `valid` on
+    masked: `splash_block` on a TPU (forward only), the jnp online softmax elsewhere.
+
+    Returns:
+      (float32 output (b, l, n, k), log-sum-exp (b, n, l)).
+    """
+    if tpu:
+        return splash_block(q, k, v, valid, scale=scale)
     return attend_blocks(q, k, v, scale=scale, valid=valid)
 
 

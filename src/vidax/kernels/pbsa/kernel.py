@@ -295,9 +295,11 @@ def _tpu_block_stride(block_size: int, dtype) -> int:
     return -(-block_size // tile) * tile
 
 
-def _tpu_blocks_per_step(d: PbsaDims, block_kv: int, dtype) -> int:
+def _tpu_steps(d: PbsaDims, block_kv: int, dtype) -> tuple[int, int]:
+    """(blocks copied per inner step, rows each takes in the VMEM buffer)."""
     stride = _tpu_block_stride(d.block_size, dtype)
-    return max(1, min(block_kv // stride, d.max_sel))
+    steps = max(1, min(block_kv // stride, d.max_sel))
+    return steps, stride if steps > 1 else d.block_size
 
 
 def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
@@ -307,8 +309,7 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
     align = 8 * (4 // jnp.dtype(rows_q.dtype).itemsize)
     rows_p = -(-rows // align) * align
     rows_q = _pad_rows(rows_q, rows_p)
-    steps = _tpu_blocks_per_step(d, static.block_sizes.block_kv, pool_k.dtype)
-    stride = _tpu_block_stride(d.block_size, pool_k.dtype) if steps > 1 else d.block_size
+    steps, stride = _tpu_steps(d, static.block_sizes.block_kv, pool_k.dtype)
     if stride != d.block_size:
         # Mosaic copies whole sublane tiles only: pad each block to its stride (zeros, masked
         # by the slot lengths). One extra pass over the pool (a pool built at the padded stride
