@@ -100,15 +100,6 @@ def plan_flops(spec_name: str, p: dvg.Plan, batch: int, skip=None) -> float:
     return total
 
 
-def stated_skips(steps: int) -> tuple[bool, ...]:
-    """The step cache's skip plan at its default keep for a calibration in which every step's
-    change is the same: the plan its rules alone make (no skip in the warm-up or at the last
-    step, never two in a row). A stated skip rate for models whose weights are absent."""
-    changes = np.ones(steps)
-    changes[0] = np.nan
-    return step_cache.plan_skips(changes, step_cache.DEFAULT_KEEP, warn=False)
-
-
 # -- the tiny-model comparison --------------------------------------------------------------------
 
 
@@ -490,7 +481,7 @@ def run_large(args) -> None:
                 f"    probe {probe} on {pp.stages[0].shape}: {probe_flops / full:.4f} of the FLOPs"
             )
         seen = set()
-        skip = stated_skips(d.steps)
+        skip = step_cache.uniform_skips(d.steps)
         computed = d.steps - sum(skip)
         print(
             f"    cache: keep {step_cache.DEFAULT_KEEP:g} -> {computed} of {d.steps} forwards "

@@ -90,6 +90,9 @@ def test_smoke_run_measures_every_section(tmp_path):
     for name in ("generate", "wan14b-step", "decode"):
         assert sections[name]["scaled"], name
     assert "scaled from" in sections["dvg"]["results"]["full_source"]
+    # DVG ran with the step cache inside its stages too, at a stated skip rate.
+    dvg_results = sections["dvg"]["results"]
+    assert dvg_results["b0.2+cache_s"] > 0 and 0 < dvg_results["cache_skip_rate"] < 1
 
 
 def test_a_failing_section_costs_only_itself(tmp_path):

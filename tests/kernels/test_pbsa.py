@@ -651,7 +651,7 @@ def test_slot_lengths_past_the_block_are_the_block():
 
 def test_tpu_programs_per_selection_tile_keep_rows_bounded(monkeypatch):
     """`block_q=None` on TPU: the largest divisor of the selection tile within TPU_MAX_ROWS
-    rows (a Wan 480p frame: 4 programs of 390 rows), and the split tiles still compute the
+    rows (a Wan 480p frame: one program of 1560 rows), and the split tiles still compute the
     same attention."""
     from vidax.kernels.pbsa import kernel as kernel_module
     from vidax.kernels.pbsa.index import PbsaDims
@@ -666,8 +666,9 @@ def test_tpu_programs_per_selection_tile_keep_rows_bounded(monkeypatch):
         )
         return static.q_split
 
-    assert kernel_module.TPU_MAX_ROWS == 512
-    assert split(1560) == 4 and split(120) == 1 and split(1560, groups=2) == 8
+    assert kernel_module.TPU_MAX_ROWS == 1600
+    assert split(1560) == 1 and split(120) == 1 and split(1560, groups=2) == 2
+    assert split(3120) == 2  # two frames a tile: two programs of one frame each
     assert split(1560, backend="triton") == 13  # 120 rows: Triton's register bound
     # A 16-row tile in programs of at most 8 rows: 4 programs of 4 rows a head (GQA groups of 2).
     monkeypatch.setattr(kernel_module, "TPU_MAX_ROWS", 8)

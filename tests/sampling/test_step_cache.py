@@ -118,3 +118,14 @@ def test_plan_keeps_its_fraction_and_its_rules():
         assert sum(step_cache.plan_skips(changes, 0.2)) == 4
     with pytest.raises(ValueError, match="keep must be in"):
         step_cache.plan_skips(changes, 0.0)
+
+
+def test_uniform_skips_is_the_rules_plan_at_the_stated_rate():
+    """Equal changes everywhere: the rules alone place the skips (the FLOP table's and the
+    device suite's stated plan, 12 of 30 and 20 of 50 at the default keep)."""
+    for n, skipped in ((30, 12), (50, 20)):
+        skip = step_cache.uniform_skips(n)
+        assert len(skip) == n and sum(skip) == skipped
+        assert not any(skip[: math.ceil(step_cache.WARMUP * n)]) and not skip[-1]
+        assert not any(a and b for a, b in itertools.pairwise(skip))
+    assert not any(step_cache.uniform_skips(20, keep=1.0))

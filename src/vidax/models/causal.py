@@ -66,8 +66,9 @@ class ForcingConfig:
       dense_shared: sparse, where the selected branch runs a PBSA kernel: the blocks every
         query tile lists (the sink and the chunk's own) are attended in one dense kernel call
         (splash on a TPU) and merged by log-sum-exp with PBSA over each tile's own picks, once
-        the sink is written (before, PBSA takes all). The same function, fewer key reads per
-        query (docs/sparse_forcing.md); inference only on a TPU (splash's log-sum-exp has no
+        the sink is written (before, PBSA takes all). The same function; faster only when
+        PBSA's query tiles are small (tiles of 120 at Wan size; with one selection per frame
+        it was 1.19x slower on a TPU v5e, docs/sparse_forcing.md); inference only on a TPU (splash's log-sum-exp has no
         derivative; training runs "gather"), and the "gather" path computes it in one piece.
       guidance: classifier-free guidance of each denoising step at inference (1: none, the
         Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same

@@ -90,6 +90,15 @@ def plan_skips(
     return tuple(skip)
 
 
+def uniform_skips(steps: int, keep: float = DEFAULT_KEEP) -> tuple[bool, ...]:
+    """The skip plan `plan_skips` makes for a calibration in which every step changes alike:
+    the plan its rules alone place (none in the warm-up, not the last step, never two in a
+    row). A stated skip rate for timing and FLOP counts on models whose weights are absent."""
+    changes = np.ones(steps)
+    changes[0] = np.nan
+    return plan_skips(changes, keep, warn=False)
+
+
 def cached_steps(
     velocity_fn: Callable[[jax.Array, jax.Array], jax.Array],
     x: jax.Array,

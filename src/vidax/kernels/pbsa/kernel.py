@@ -68,8 +68,9 @@ from vidax.kernels.pbsa.reference import _attend, _q_tiles
 
 BACKENDS = ("auto", "tpu", "triton", "reference")
 # Query rows of one TPU program at most (`BlockSizes.block_q=None`): a Wan 480p frame's 1560
-# queries run as 4 programs of 390 rows, each reading its frame's selected blocks.
-TPU_MAX_ROWS = 512
+# queries run as one program reading its frame's selected blocks once (on a v5e at 30% of the
+# blocks: 3.83 ms against 4.36 ms as 4 programs of 390 rows, docs/sparse_forcing.md).
+TPU_MAX_ROWS = 1600
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
