@@ -449,7 +449,8 @@ def _decode_row(r: dict) -> tuple[str, str, str, str]:
         f"selected + {r.get('sparse_compressed_tokens', '?')} compressed; "
         f"PBSA {r.get('sparse_backend', '?')}; one layer's attention: dense "
         f"{_num(r, 'dense_attn_ms', '.2f')}, sparse {_num(r, 'sparse_attn_ms', '.2f')} "
-        f"(selected {_num(r, 'selected_attn_ms', '.2f')}), dense-shared "
+        f"(selected {_num(r, 'selected_attn_ms', '.2f')}, of which the rotated pool "
+        f"{_num(r, 'pool_ms', '.2f')}), dense-shared "
         f"{_num(r, 'shared_sparse_attn_ms', '.2f')} (selected "
         f"{_num(r, 'shared_selected_attn_ms', '.2f')}) ms"
     )
@@ -1657,9 +1658,13 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
         backend = selected_backend(cfg.pbsa_backend)
         return selected_attention(qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend)
 
+    def pool(q, k, v, layer, start):  # what rotating keys on read would save, at most
+        return _with_chunk(q, k, v, layer, start, layout, rope)
+
     return {
         f"{prefix}sparse_attn_ms": timed(full, q, k, v, layer, start, params),
         f"{prefix}selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
+        f"{prefix}pool_ms": timed(pool, q, k, v, layer, start),
     }
 
 
