@@ -68,8 +68,9 @@ class ForcingConfig:
         (splash on a TPU) and merged by log-sum-exp with PBSA over each tile's own picks, once
         the sink is written (before, PBSA takes all). The same function; faster only when
         PBSA's query tiles are small (tiles of 120 at Wan size; with one selection per frame
-        it was 1.19x slower on a TPU v5e, docs/sparse_forcing.md); inference only on a TPU (splash's log-sum-exp has no
-        derivative; training runs "gather"), and the "gather" path computes it in one piece.
+        it decoded 1.19x slower on a TPU v5e, docs/sparse_forcing.md); inference only on a
+        TPU (splash's log-sum-exp has no derivative; training runs "gather"), and the
+        "gather" path computes it in one piece.
       guidance: classifier-free guidance of each denoising step at inference (1: none, the
         Self-Forcing default). Above 1 the empty caption runs beside the prompt in the same
         batch, with cache rows of its own (twice the cache and compute):
