@@ -357,6 +357,12 @@ def _step_row(r: dict) -> tuple[str, str, str, str]:
         f"max rel diff {_num(r, 'max_rel_diff', '.1e')}, {r.get('tokens', '?')} tokens x2, "
         f"attention {r.get('attention', '?')}"
     )
+    if r.get("vidax_self_attn_ms") and r.get("vidax_ms"):
+        share = (r["vidax_self_attn_ms"] + r.get("vidax_cross_attn_ms", 0.0)) / r["vidax_ms"]
+        notes += (
+            f"; vidax's attention alone: self {_num(r, 'vidax_self_attn_ms', '.0f')} ms, cross "
+            f"{_num(r, 'vidax_cross_attn_ms', '.0f')} ms ({share:.0%} of the step)"
+        )
     if "layers" in r:
         notes = (
             f"{r['layers']}/{r['full_layers']} layers; full-depth estimate "
@@ -840,7 +846,30 @@ def vidax_step(ctx, path, config, inputs, flops) -> Side:
     )
     times, out = time_jax(step, state, *args, budget_s=0.3 * ctx.left())
     fields = {"vidax_compile_s": compile_s, **timing_fields("vidax", times, flops, ctx)}
+    grid = zip(inputs[0].shape[1:4], config.patch_size, strict=True)
+    fields |= attention_share(ctx, config, tokens=math.prod(d // p for d, p in grid))
     return Side({**fields, **vidax_memory(before, program)}, np.asarray(out))
+
+
+def attention_share(ctx: Context, config, *, tokens: int, batch: int = 2) -> dict:
+    """Where the step's time goes: its self- and cross-attention alone (`attention("auto")` on
+    random q, k, v at one block's shapes, times the layers); the rest of the step is the
+    projections and MLPs, norms, RoPE and modulation."""
+    n, k, layers = config.num_heads, config.head_dim, config.num_layers
+    rng = np.random.default_rng(4)
+    q = jnp.asarray(rng.standard_normal((batch, tokens, n, k)), config.dtype)
+    text = jnp.asarray(rng.standard_normal((batch, config.text_len, n, k)), config.dtype)
+    fields = {}
+    for label, keys in (("self", q), ("cross", text)):
+        # One program of `layers` chained calls (each layer's queries are the last output), as
+        # in the step: no dispatch per layer, nothing for XLA to share between them.
+        def chain(q, kv):
+            return jax.lax.fori_loop(0, layers, lambda i, q: attention(q, kv, kv), q)
+
+        run, _, _ = compile_jax(chain, q, keys)
+        times, _ = time_jax(run, q, keys, lo=3, hi=20, budget_s=0.05 * ctx.left())
+        fields[f"vidax_{label}_attn_ms"] = 1e3 * statistics.median(times)
+    return fields
 
 
 def diffusers_step(ctx, path, config, inputs, flops) -> Side:

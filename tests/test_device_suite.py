@@ -66,6 +66,9 @@ def test_smoke_run_measures_every_section(tmp_path):
     # Both sides ran the same weights on the same inputs: bf16 against bf16.
     for name in ("wan-step", "wan14b-step"):
         assert sections[name]["results"]["max_rel_diff"] < 0.05, name
+        # Where the step's time goes: its attention timed alone.
+        results = sections[name]["results"]
+        assert results["vidax_self_attn_ms"] > 0 and results["vidax_cross_attn_ms"] > 0
     assert sections["vae-decode"]["results"]["max_rel_diff"] < 1e-3  # float32 both
     # The (interpreted) PBSA kernel agrees with its reference on ragged selections, in bf16.
     assert sections["pbsa"]["results"]["max_rel_err"] < 2e-2
