@@ -853,7 +853,7 @@ def vidax_step(ctx, path, config, inputs, flops) -> Side:
 
 def attention_share(ctx: Context, config, *, tokens: int, batch: int = 2) -> dict:
     """Where the step's time goes: its self- and cross-attention alone (`attention("auto")` on
-    random q, k, v at one block's shapes, times the layers); the rest of the step is the
+    random q, k, v at one block's shapes, over all the layers); the rest of the step is the
     projections and MLPs, norms, RoPE and modulation."""
     n, k, layers = config.num_heads, config.head_dim, config.num_layers
     rng = np.random.default_rng(4)
