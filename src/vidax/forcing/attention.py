@@ -59,6 +59,7 @@ from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
 from vidax.nn.ring_attention import block_attention
+from vidax.nn.rope import lane_dense_rope, rotate_pairs
 from vidax.nn.softmax import merge_partials, normalize, softmax_stats
 
 _EMPTY = -1e30  # compressed score of an empty slot
@@ -111,9 +112,7 @@ def make_sparse_params(num_layers: int, num_heads: int, head_dim: int) -> Sparse
 def _rotate(x: Float[Array, "b n ... k"], positions, rope) -> Float[Array, "b n ... k"]:
     """RoPE on per-head tokens: pool blocks (b, n, m, bs, k) or token lists (b, n, m, k), with
     per-token positions (b, n, ..., 3)."""
-    b, n, k = x.shape[0], x.shape[1], x.shape[-1]
-    angles = rope(positions).reshape(b * n, -1, k // 2)
-    return apply_rope(x.reshape(b * n, -1, 1, k), angles).reshape(x.shape)
+    return rotate_pairs(x, rope(positions))
 
 
 def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
@@ -125,8 +124,11 @@ def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
 
 
 def make_rope(axes_dims: tuple[int, ...], theta: float):
-    """positions (..., 3) -> angles (..., k/2) of the transformer's RoPE."""
-    return lambda positions: rope_angles(positions, axes_dims, theta)
+    """positions (..., 3) -> angles of the transformer's RoPE: (..., k/2) per pair, or (..., k)
+    per lane where `apply_rope` runs lane-dense (a TPU: the cache's per-head angles are as
+    large as its keys, and interleaving pair angles would move them between lanes)."""
+    per_lane = lane_dense_rope()
+    return lambda positions: rope_angles(positions, axes_dims, theta, per_lane=per_lane)
 
 
 # -- dense ----------------------------------------------------------------------------------------
