@@ -59,7 +59,6 @@ from flax import nnx
 from vidax import dvg, pipeline, sampling
 from vidax.checkpoint import save_model
 from vidax.forcing import CacheLayout, CausalWan, ForcingConfig, KVCache, init_cache
-from vidax.forcing import attention as forcing_attention
 from vidax.forcing.attention import (
     _with_chunk,
     dense_attention,
@@ -73,7 +72,6 @@ from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
 from vidax.kernels.pbsa.kernel import TPU_MAX_ROWS
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
-from vidax.nn import rope as rope_module
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import attention, choose_impl
 from vidax.text import fit_prompt_embeds
@@ -458,8 +456,7 @@ def _decode_row(r: dict) -> tuple[str, str, str, str]:
         f"PBSA {r.get('sparse_backend', '?')}; one layer's attention: dense "
         f"{_num(r, 'dense_attn_ms', '.2f')}, sparse {_num(r, 'sparse_attn_ms', '.2f')} "
         f"(selected {_num(r, 'selected_attn_ms', '.2f')}, of which the rotated pool "
-        f"{_num(r, 'pool_ms', '.2f')} in RoPE's {r.get('rope_layout', '?')} layout, "
-        f"{_num(r, 'pool_other_layout_ms', '.2f')} in the other), dense-shared "
+        f"{_num(r, 'pool_ms', '.2f')}), dense-shared "
         f"{_num(r, 'shared_sparse_attn_ms', '.2f')} (selected "
         f"{_num(r, 'shared_selected_attn_ms', '.2f')}) ms"
     )
@@ -1690,37 +1687,14 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
         backend = selected_backend(cfg.pbsa_backend)
         return selected_attention(qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend)
 
-    def pool(q, k, v, layer, start, rope=rope):  # what rotating keys on read would save
+    def pool(q, k, v, layer, start):  # what rotating keys on read would save, at most
         return _with_chunk(q, k, v, layer, start, layout, rope)
 
-    out = {
+    return {
         f"{prefix}sparse_attn_ms": timed(full, q, k, v, layer, start, params),
         f"{prefix}selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
         f"{prefix}pool_ms": timed(pool, q, k, v, layer, start),
     }
-    if not prefix:  # the pool in RoPE's other layout (`rotate_pairs`), side by side
-        lane_dense = rope_module.lane_dense_rope()
-        with _rope_layout(not lane_dense):
-            other = make_rope(c.rope_axes_dims, c.rope_theta)
-            out["pool_other_layout_ms"] = timed(
-                functools.partial(pool, rope=other), q, k, v, layer, start
-            )
-        out["rope_layout"] = "lane-dense" if lane_dense else "pairs"
-    return out
-
-
-@contextlib.contextmanager
-def _rope_layout(lane_dense: bool):
-    """RoPE traced in the given layout (`vidax.nn.rope.rotate_pairs`) inside the block."""
-    where = (rope_module, forcing_attention)
-    saved = [m.lane_dense_rope for m in where]
-    for m in where:
-        m.lane_dense_rope = lambda: lane_dense
-    try:
-        yield
-    finally:
-        for m, fn in zip(where, saved, strict=True):
-            m.lane_dense_rope = fn
 
 
 # -- running --------------------------------------------------------------------------------------

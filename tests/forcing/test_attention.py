@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,7 @@ from vidax.forcing.attention import (
 from vidax.forcing.cache import slot_lengths, token_positions
 from vidax.kernels.pbsa import pbsa, pbsa_reference
 from vidax.kernels.pbsa.index import iota_below
-from vidax.nn import apply_rope, rope
+from vidax.nn import apply_rope
 from vidax.nn.ring_attention import splash_block
 from vidax.nn.rope import wan_axes_dims
 
@@ -163,27 +162,6 @@ def test_sparse_selecting_every_block_is_dense(grid, block):
     # Trained gates and compression change the output: the equality above is not vacuous.
     other, _ = _sparse(q, k, v, layer, 7, lay, _params(0.3))
     assert float(jnp.abs(other - dense).max()) > 1e-3
-
-
-def test_lane_dense_rope_gives_the_same_attention(monkeypatch):
-    """A TPU's layout (`rotate_pairs(lane_dense=True)`, per-lane cache angles) computes the
-    dense and sparse attention of the pair layout (CPU's, the references')."""
-    cfg = dataclasses.replace(SPARSE, block_size=4)
-    lay, layer = _filled_cache(cfg, 7, grid=(2, 3))
-    dense_cfg = ForcingConfig(chunk_frames=1, sink_frames=1, window_frames=2, block_size=4)
-    dense_lay, dense_layer = _filled_cache(dense_cfg, 6, grid=(2, 3))
-    q, k, v = _qkv(lay)
-    params = _params(0.3)
-    want = _sparse(q, k, v, layer, 7, lay, params), _dense(q, k, v, dense_layer, 6, dense_lay)
-    monkeypatch.setattr(rope, "lane_dense_rope", lambda: True)
-    monkeypatch.setattr(forcing_attention, "lane_dense_rope", lambda: True)
-    lanes = make_rope(wan_axes_dims(K), 10_000.0)
-    assert lanes(jnp.zeros((1, 3))).shape == (1, K)  # per-lane angles
-    monkeypatch.setattr(sys.modules[__name__], "ROPE", lanes)
-    got = _sparse(q, k, v, layer, 7, lay, params), _dense(q, k, v, dense_layer, 6, dense_lay)
-    np.testing.assert_allclose(got[0][0], want[0][0], atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(got[0][1], want[0][1], atol=2e-6)
-    np.testing.assert_allclose(got[1][0], want[1][0], atol=2e-5, rtol=1e-5)
 
 
 # "gather" duplicates test_gather_attention_equals_pbsa_reference (gather == reference): slow.

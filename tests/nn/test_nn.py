@@ -4,45 +4,33 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidax.nn import apply_rope, attention, rope, rope_angles, timestep_embedding, video_positions
+from vidax.nn import apply_rope, attention, rope_angles, timestep_embedding, video_positions
 from vidax.nn.layers import layer_norm
 from vidax.nn.rope import rotate_pairs
 
 
-@pytest.mark.parametrize("lane_dense", [False, True])
-def test_rope_is_a_complex_rotation_and_preserves_norms(lane_dense, monkeypatch):
-    """Both layouts of `rotate_pairs`, fed per-pair or per-lane angles."""
-    monkeypatch.setattr(rope, "lane_dense_rope", lambda: lane_dense)
+def test_rope_is_a_complex_rotation_and_preserves_norms():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 6, 2, 8)).astype(np.float32)
     angles = rng.uniform(-3, 3, (6, 4)).astype(np.float32)
+    got = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(angles)))
     z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angles)[None, :, None, :]
     want = np.stack([z.real, z.imag], -1).reshape(x.shape)
-    for a in (angles, np.repeat(angles, 2, axis=-1)):
-        got = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(a)))
-        np.testing.assert_allclose(got, want, atol=1e-5)
-        np.testing.assert_allclose(
-            np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5
-        )
-    with pytest.raises(ValueError, match="head dim 8"):
-        apply_rope(jnp.asarray(x), jnp.zeros((6, 3)))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
 
 
-def test_rope_layouts_agree_in_low_precision():
-    """The lane-dense layout (a TPU's) rounds like the pair layout: the same products and
-    sums, cast back to bf16."""
-    rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.standard_normal((2, 3, 5, 4, 16)), jnp.bfloat16)
-    positions = jnp.asarray(rng.uniform(0, 40, (2, 3, 5, 4, 3)), jnp.float32)
-    pairs = rope_angles(positions, (4, 6, 6))
-    lanes = rope_angles(positions, (4, 6, 6), per_lane=True)
-    np.testing.assert_array_equal(np.repeat(np.asarray(pairs), 2, -1), np.asarray(lanes))
-    want = rotate_pairs(x, pairs, lane_dense=False).astype(jnp.float32)
-    for a, lane_dense in ((lanes, True), (pairs, True), (lanes, False)):
-        got = rotate_pairs(x, a, lane_dense=lane_dense)
-        assert got.dtype == jnp.bfloat16
-        # At most one bf16 rounding step apart (float32 sums may round differently).
-        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2**-7, atol=1e-6)
+def test_rotate_pairs_rotates_arrays_in_their_own_shape():
+    """Per-head blocks (b, n, m, bs, k) with per-token angles, as the forcing cache rotates
+    them, equal `apply_rope` on the same tokens laid out (b * n, tokens, 1, k)."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((2, 3, 4, 5, 8)), jnp.bfloat16)
+    angles = jnp.asarray(rng.uniform(-3, 3, (2, 3, 4, 5, 4)), jnp.float32)
+    got = rotate_pairs(x, angles)
+    assert got.dtype == jnp.bfloat16
+    want = apply_rope(x.reshape(6, 20, 1, 8), angles.reshape(6, 20, 4)).reshape(x.shape)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert not np.array_equal(np.asarray(got, np.float32), np.asarray(x, np.float32))
 
 
 def test_rope_relative_property():

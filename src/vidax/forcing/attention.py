@@ -59,7 +59,7 @@ from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
 from vidax.nn.layers import param
 from vidax.nn.ring_attention import block_attention
-from vidax.nn.rope import lane_dense_rope, rotate_pairs
+from vidax.nn.rope import rotate_pairs
 from vidax.nn.softmax import merge_partials, normalize, softmax_stats
 
 _EMPTY = -1e30  # compressed score of an empty slot
@@ -124,11 +124,8 @@ def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
 
 
 def make_rope(axes_dims: tuple[int, ...], theta: float):
-    """positions (..., 3) -> angles of the transformer's RoPE: (..., k/2) per pair, or (..., k)
-    per lane where `apply_rope` runs lane-dense (a TPU: the cache's per-head angles are as
-    large as its keys, and interleaving pair angles would move them between lanes)."""
-    per_lane = lane_dense_rope()
-    return lambda positions: rope_angles(positions, axes_dims, theta, per_lane=per_lane)
+    """positions (..., 3) -> angles (..., k/2) of the transformer's RoPE."""
+    return lambda positions: rope_angles(positions, axes_dims, theta)
 
 
 # -- dense ----------------------------------------------------------------------------------------
