@@ -60,6 +60,7 @@ from vidax import dvg, pipeline, sampling
 from vidax.checkpoint import save_model
 from vidax.forcing import CacheLayout, CausalWan, ForcingConfig, KVCache, init_cache
 from vidax.forcing.attention import (
+    _rotate,
     _with_chunk,
     dense_attention,
     make_rope,
@@ -67,6 +68,7 @@ from vidax.forcing.attention import (
     selected_backend,
     sparse_attention,
 )
+from vidax.forcing.cache import time_positions, token_positions
 from vidax.forcing.rollout import chunk_velocity, write_clean
 from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
 from vidax.kernels.pbsa.kernel import TPU_MAX_ROWS
@@ -74,6 +76,7 @@ from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import attention, choose_impl
+from vidax.nn.rope import rope_angles
 from vidax.text import fit_prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -456,7 +459,10 @@ def _decode_row(r: dict) -> tuple[str, str, str, str]:
         f"PBSA {r.get('sparse_backend', '?')}; one layer's attention: dense "
         f"{_num(r, 'dense_attn_ms', '.2f')}, sparse {_num(r, 'sparse_attn_ms', '.2f')} "
         f"(selected {_num(r, 'selected_attn_ms', '.2f')}, of which the rotated pool "
-        f"{_num(r, 'pool_ms', '.2f')}), dense-shared "
+        f"{_num(r, 'pool_ms', '.2f')}; rotating the cached keys "
+        f"{_num(r, 'rotation_ms', '.2f')}, with table-built angles "
+        f"{_num(r, 'rotation_table_ms', '.2f')}, lane-dense {_num(r, 'rotation_lane_table_ms', '.2f')}), "
+        "dense-shared "
         f"{_num(r, 'shared_sparse_attn_ms', '.2f')} (selected "
         f"{_num(r, 'shared_selected_attn_ms', '.2f')}) ms"
     )
@@ -1690,11 +1696,69 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
     def pool(q, k, v, layer, start):  # what rotating keys on read would save, at most
         return _with_chunk(q, k, v, layer, start, layout, rope)
 
-    return {
+    out = {
         f"{prefix}sparse_attn_ms": timed(full, q, k, v, layer, start, params),
         f"{prefix}selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
         f"{prefix}pool_ms": timed(pool, q, k, v, layer, start),
     }
+    if not prefix:  # the cached keys' rotation alone, and with table-built angles
+        direct = lambda keys, frame, block, start: _rotate(
+            keys, token_positions(frame, block, start, layout), rope
+        )
+        table = functools.partial(_rotate_by_table, layout=layout, config=c)
+        lanes = functools.partial(table, lane_dense=True)
+        args = (layer.k, layer.frame, layer.block, start)
+        want = direct(*args).astype(jnp.float32)
+        diff = lambda fn: float(jnp.abs(fn(*args).astype(jnp.float32) - want).max())
+        out |= {
+            "rotation_ms": timed(direct, *args),
+            "rotation_table_ms": timed(table, *args),
+            "rotation_lane_table_ms": timed(lanes, *args),
+            "rotation_table_max_diff": max(diff(table), diff(lanes)),
+        }
+    return out
+
+
+def _rotate_by_table(
+    keys, frame, block, start, *, layout: CacheLayout, config, lane_dense: bool = False
+) -> jax.Array:
+    """The cache's RoPE (`_rotate` at `token_positions`) with its cos/sin built from one time
+    angle per slot and a static in-frame table (the h, w pairs of every token of a frame's
+    blocks), no per-token transcendentals: a candidate for rotating keys on read, timed against
+    the per-token angles (docs/sparse_forcing.md). `lane_dense`: the same arithmetic as
+    `x cos + swap(x) sin` with k on the lanes throughout (no pair split, which XLA lays out
+    with the slots on a TPU's lanes)."""
+    dims, theta = config.rope_axes_dims, config.rope_theta
+    bs, w, k = layout.block_size, layout.grid_hw[1], keys.shape[-1]
+    token = jnp.arange(layout.blocks_per_frame * bs)
+    grid = jnp.stack([0.0 * token, token // w, token % w], -1).astype(jnp.float32)
+    time_pairs = dims[0] // 2
+    hw = rope_angles(grid, dims, theta).reshape(layout.blocks_per_frame, bs, -1)
+    t = time_positions(frame, start, layout)[..., None, None]  # (b, n, m, 1, 1)
+    t_angles = rope_angles(jnp.concatenate([t, 0.0 * t, 0.0 * t], -1), dims, theta)
+    if lane_dense:
+        lanes = lambda a: jnp.repeat(a, 2, axis=-1)
+        lane = jnp.arange(k).reshape((1,) * (keys.ndim - 1) + (k,))  # explicit ranks
+        time_lane = lane < 2 * time_pairs
+
+        def table(fn):  # (b, n, m, bs, k): the slot's time lanes, the token's h, w lanes
+            return jnp.where(time_lane, fn(lanes(t_angles)), jnp.take(fn(lanes(hw)), block, 0))
+
+        even = lane % 2 == 0
+        sign = jnp.where(even, -1.0, 1.0)
+        x = keys.astype(jnp.float32)
+        swapped = jnp.where(even, jnp.roll(x, -1, axis=-1), jnp.roll(x, 1, axis=-1))
+        return (x * table(jnp.cos) + swapped * (table(jnp.sin) * sign)).astype(keys.dtype)
+
+    def table(fn):  # (b, n, m, bs, k/2)
+        cs_t = jnp.broadcast_to(fn(t_angles[..., :time_pairs]), (*block.shape, bs, time_pairs))
+        return jnp.concatenate([cs_t, jnp.take(fn(hw[..., time_pairs:]), block, axis=0)], -1)
+
+    cos, sin = table(jnp.cos), table(jnp.sin)
+    pairs = keys.astype(jnp.float32).reshape(*keys.shape[:-1], -1, 2)
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    return out.reshape(keys.shape).astype(keys.dtype)
 
 
 # -- running --------------------------------------------------------------------------------------

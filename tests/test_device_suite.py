@@ -87,6 +87,11 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert decode["sparse_shared_ms"] > 0 and decode["speedup_shared"] > 0
     assert decode["shared_selected_attn_ms"] > 0
     assert decode["pool_ms"] > 0 and decode["shared_pool_ms"] > 0
+    # The table-built cache rotation (a candidate, timed beside the per-token one) computes
+    # the same keys: a wrong table (h and w swapped, a wrong time angle) is off by O(1).
+    assert decode["rotation_ms"] > 0 and decode["rotation_table_ms"] > 0
+    assert decode["rotation_lane_table_ms"] > 0
+    assert decode["rotation_table_max_diff"] < 0.05
     # The scaled paths ran and said so.
     assert sections["generate"]["results"]["steps_run"] < sections["generate"]["results"]["steps"]
     for name in ("wan14b-step", "decode"):
