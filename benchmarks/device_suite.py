@@ -76,7 +76,7 @@ from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import attention, choose_impl
-from vidax.nn.rope import rope_angles
+from vidax.nn.rope import rope_angles, rotate_by
 from vidax.text import fit_prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1761,11 +1761,7 @@ def _rotate_by_table(
         cs_t = jnp.broadcast_to(fn(t_angles[..., :time_pairs]), (*block.shape, bs, time_pairs))
         return jnp.concatenate([cs_t, jnp.take(fn(hw[..., time_pairs:]), block, axis=0)], -1)
 
-    cos, sin = table(jnp.cos), table(jnp.sin)
-    pairs = keys.astype(jnp.float32).reshape(*keys.shape[:-1], -1, 2)
-    x1, x2 = pairs[..., 0], pairs[..., 1]
-    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-    return out.reshape(keys.shape).astype(keys.dtype)
+    return rotate_by(keys, table(jnp.cos), table(jnp.sin))
 
 
 # -- running --------------------------------------------------------------------------------------
