@@ -1736,11 +1736,11 @@ def _rotate_by_table(
     `x cos + swap(x) sin` with k on the lanes throughout (no pair split, which XLA lays out
     with the slots on a TPU's lanes)."""
     dims, theta = config.rope_axes_dims, config.rope_theta
-    bs, w, k = layout.block_size, layout.grid_hw[1], keys.shape[-1]
-    token = jnp.arange(layout.blocks_per_frame * bs)
-    grid = jnp.stack([0.0 * token, token // w, token % w], -1).astype(jnp.float32)
+    bs, k = layout.block_size, keys.shape[-1]
     time_pairs = dims[0] // 2
-    hw = rope_angles(grid, dims, theta).reshape(layout.blocks_per_frame, bs, -1)
+    # Every block of a frame at its in-frame (h, w); only those pairs are read from the table.
+    blocks = jnp.arange(layout.blocks_per_frame, dtype=jnp.int32)
+    hw = rope_angles(token_positions(0 * blocks, blocks, start, layout), dims, theta)
     t = time_positions(frame, start, layout)[..., None, None]  # (b, n, m, 1, 1)
     t_angles = rope_angles(jnp.concatenate([t, 0.0 * t, 0.0 * t], -1), dims, theta)
     if lane_dense:
