@@ -60,23 +60,22 @@ from vidax import dvg, pipeline, sampling
 from vidax.checkpoint import save_model
 from vidax.forcing import CacheLayout, CausalWan, ForcingConfig, KVCache, init_cache
 from vidax.forcing.attention import (
-    _rotate,
     _with_chunk,
     dense_attention,
     make_rope,
     selected_attention,
     selected_backend,
     sparse_attention,
+    time_angles,
 )
-from vidax.forcing.cache import time_positions, token_positions
 from vidax.forcing.rollout import chunk_velocity, write_clean
 from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
 from vidax.kernels.pbsa.kernel import TPU_MAX_ROWS
+from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device
 from vidax.nn.attention import attention, choose_impl
-from vidax.nn.rope import rope_angles, rotate_by
 from vidax.text import fit_prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -428,7 +427,9 @@ def _pbsa_row(r: dict) -> tuple[str, str, str, str]:
     notes = (
         f"{r.get('backend', '?')} kernel vs dense {r.get('dense_impl', '?')} "
         f"{_num(r, 'dense_ms', '.2f')} ms over {r.get('keys', '?')} keys; per-key rate vs dense: "
-        f"{rates}; max rel err vs reference {_num(r, 'max_rel_err', '.1e')} (ragged, GQA)"
+        f"{rates}; max rel err vs reference {_num(r, 'max_rel_err', '.1e')} (ragged, GQA), "
+        f"{_num(r, 'max_rel_err_rotated', '.1e')} with RoPE on read; 30% with RoPE on read "
+        f"{_num(r, 'kernel_rotated_ms_30', '.2f')} ms"
     )
     sweep = [k.removeprefix("kernel_ms_30_") for k in r if k.startswith("kernel_ms_30_")]
     if sweep:
@@ -458,11 +459,10 @@ def _decode_row(r: dict) -> tuple[str, str, str, str]:
         f"selected + {r.get('sparse_compressed_tokens', '?')} compressed; "
         f"PBSA {r.get('sparse_backend', '?')}; one layer's attention: dense "
         f"{_num(r, 'dense_attn_ms', '.2f')}, sparse {_num(r, 'sparse_attn_ms', '.2f')} "
-        f"(selected {_num(r, 'selected_attn_ms', '.2f')}, of which the rotated pool "
-        f"{_num(r, 'pool_ms', '.2f')}; rotating the cached keys "
-        f"{_num(r, 'rotation_ms', '.2f')}, with table-built angles "
-        f"{_num(r, 'rotation_table_ms', '.2f')}, lane-dense {_num(r, 'rotation_lane_table_ms', '.2f')}), "
-        "dense-shared "
+        f"(selected {_num(r, 'selected_attn_ms', '.2f')} with RoPE on read, of which the pool "
+        f"{_num(r, 'pool_ms', '.2f')}; {_num(r, 'selected_rotate_first_ms', '.2f')} with the "
+        f"pool rotated first, the rotation alone {_num(r, 'rotation_ms', '.2f')}; largest "
+        f"difference {_num(r, 'rotate_on_read_max_diff', '.1e')}), dense-shared "
         f"{_num(r, 'shared_sparse_attn_ms', '.2f')} (selected "
         f"{_num(r, 'shared_selected_attn_ms', '.2f')}) ms"
     )
@@ -1287,19 +1287,32 @@ def pbsa_section(ctx: Context) -> dict:
             cnt.flat[0] = 0  # at least one empty row
         return jnp.asarray(idx, jnp.int32), jnp.asarray(cnt, jnp.int32)
 
+    def key_angles(n_kv: int):  # RoPE angles per slot, as Sparse Forcing's time lanes get
+        return jnp.asarray(rng.uniform(-30.0, 30.0, (1, n_kv, slots, hd // 2)), jnp.float32)
+
     # Correctness first, on fresh selections with ragged counts, empty rows, partly filled
-    # slots, with and without GQA (2 query heads per KV head).
-    errors = []
+    # slots, with and without GQA (2 query heads per KV head), and with RoPE on read.
+    errors, rotated_errors = [], []
+    reference = jax.jit(functools.partial(pbsa_reference, block_q=bq))
     for n_kv in (n, n // 2):
         q, pk, pv = inputs(n_kv)
         idx, cnt = selection(n_kv, max(1, slots // 3), ragged=True)
         lens = jnp.asarray(rng.integers(1, bs + 1, (1, n_kv, slots)), jnp.int32)
         ours = jax.jit(kernel)(q, pk, pv, idx, cnt, slot_len=lens)
-        ref = jax.jit(functools.partial(pbsa_reference, block_q=bq))(
-            q, pk, pv, idx, cnt, slot_len=lens
-        )
+        ref = reference(q, pk, pv, idx, cnt, slot_len=lens)
         errors.append(rel_diff(np.asarray(ours), np.asarray(ref)))
-    ctx.record(backend=backend, max_rel_err=max(errors), lq=lq, keys=slots * bs, slots=slots)
+        angles = key_angles(n_kv)
+        ours = jax.jit(kernel)(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)
+        ref = reference(q, rotate_keys(pk, angles), pv, idx, cnt, slot_len=lens)
+        rotated_errors.append(rel_diff(np.asarray(ours), np.asarray(ref)))
+    ctx.record(
+        backend=backend,
+        max_rel_err=max(errors),
+        max_rel_err_rotated=max(rotated_errors),
+        lq=lq,
+        keys=slots * bs,
+        slots=slots,
+    )
 
     q, pk, pv = inputs(n)
     keys = pk.reshape(1, n, slots * bs, hd).transpose(0, 2, 1, 3)
@@ -1344,6 +1357,11 @@ def pbsa_section(ctx: Context) -> dict:
             times, _ = time_jax(ref, q, pk, pv, idx, cnt, lo=3, budget_s=0.1 * ctx.left())
             ctx.record(reference_ms_30=1e3 * statistics.median(times))
             sweep, base = (q, pk, pv, idx, cnt), np.asarray(out)
+            # RoPE on read: what rotating every read block costs the kernel.
+            rot = functools.partial(kernel, key_angles=key_angles(n))
+            run, _, _ = compile_jax(rot, *sweep)
+            times, _ = time_jax(run, *sweep, lo=3, budget_s=0.1 * ctx.left())
+            ctx.record(kernel_rotated_ms_30=1e3 * statistics.median(times))
     # The TPU kernel's tiles, at 30%, with the time left (the GPU kernel reads one block per
     # step and its rows are bounded by registers: nothing to sweep): key rows per inner step
     # (`block_kv`) and query rows per program (`block_q`: each program reads its tile's
@@ -1474,7 +1492,7 @@ def decode_section(ctx: Context) -> dict:
     pass included).
 
     Overhead of selection/compression: one layer's `sparse_attention` on that cache minus its
-    selected branch alone (the same pool rotation, then PBSA over lists of the same length),
+    selected branch alone (the same pool, then PBSA over lists of the same length),
     i.e. block compression, scoring, top-k, the compressed branch and the branch combination;
     times the layers for a forward. Peak KV: `peak_kv_bytes` at full depth.
     """
@@ -1695,12 +1713,17 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
     idx = jnp.asarray(np.concatenate([*lists, own], -1), jnp.int32)
     scale = c.head_dim**-0.5
 
-    def selected(q, k, v, layer, start, idx):
-        pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, layer, start, layout, rope)
-        backend = selected_backend(cfg.pbsa_backend)
-        return selected_attention(qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend)
+    backend = selected_backend(cfg.pbsa_backend)
 
-    def pool(q, k, v, layer, start):  # what rotating keys on read would save, at most
+    def selected(q, k, v, layer, start, idx, *, rotate_first: bool = False):
+        pool_k, pool_v, lengths, qr, angles = _with_chunk(q, k, v, layer, start, layout, rope)
+        if rotate_first:  # the pool rotated in XLA, then read as stored (before 2026-12-07)
+            pool_k, angles = rotate_keys(pool_k, angles), None
+        return selected_attention(
+            qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend, key_angles=angles
+        )
+
+    def pool(q, k, v, layer, start):  # the cache's blocks and the chunk's, as the kernel reads
         return _with_chunk(q, k, v, layer, start, layout, rope)
 
     out = {
@@ -1708,60 +1731,19 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
         f"{prefix}selected_attn_ms": timed(selected, q, k, v, layer, start, idx),
         f"{prefix}pool_ms": timed(pool, q, k, v, layer, start),
     }
-    if not prefix:  # the cached keys' rotation alone, and with table-built angles
-        direct = lambda keys, frame, block, start: _rotate(
-            keys, token_positions(frame, block, start, layout), rope
+    if not prefix:  # RoPE on read against rotating the pool first, side by side
+        rotated = functools.partial(selected, rotate_first=True)
+        rotation = lambda keys, frame, start: rotate_keys(
+            keys, time_angles(frame, start, layout, rope)
         )
-        table = functools.partial(_rotate_by_table, layout=layout, config=c)
-        lanes = functools.partial(table, lane_dense=True)
-        args = (layer.k, layer.frame, layer.block, start)
-        want = direct(*args).astype(jnp.float32)
-        diff = lambda fn: float(jnp.abs(fn(*args).astype(jnp.float32) - want).max())
+        args = (q, k, v, layer, start, idx)
+        f32 = lambda fn: jax.jit(fn)(*args).astype(jnp.float32)
         out |= {
-            "rotation_ms": timed(direct, *args),
-            "rotation_table_ms": timed(table, *args),
-            "rotation_lane_table_ms": timed(lanes, *args),
-            "rotation_table_max_diff": max(diff(table), diff(lanes)),
+            "selected_rotate_first_ms": timed(rotated, *args),
+            "rotation_ms": timed(rotation, layer.k, layer.frame, start),
+            "rotate_on_read_max_diff": float(jnp.abs(f32(selected) - f32(rotated)).max()),
         }
     return out
-
-
-def _rotate_by_table(
-    keys, frame, block, start, *, layout: CacheLayout, config, lane_dense: bool = False
-) -> jax.Array:
-    """The cache's RoPE (`_rotate` at `token_positions`) with its cos/sin built from one time
-    angle per slot and a static in-frame table (the h, w pairs of every token of a frame's
-    blocks), no per-token transcendentals: a candidate for rotating keys on read, timed against
-    the per-token angles (docs/sparse_forcing.md). `lane_dense`: the same arithmetic as
-    `x cos + swap(x) sin` with k on the lanes throughout (no pair split, which XLA lays out
-    with the slots on a TPU's lanes)."""
-    dims, theta = config.rope_axes_dims, config.rope_theta
-    bs, k = layout.block_size, keys.shape[-1]
-    time_pairs = dims[0] // 2
-    # Every block of a frame at its in-frame (h, w); only those pairs are read from the table.
-    blocks = jnp.arange(layout.blocks_per_frame, dtype=jnp.int32)
-    hw = rope_angles(token_positions(0 * blocks, blocks, start, layout), dims, theta)
-    t = time_positions(frame, start, layout)[..., None, None]  # (b, n, m, 1, 1)
-    t_angles = rope_angles(jnp.concatenate([t, 0.0 * t, 0.0 * t], -1), dims, theta)
-    if lane_dense:
-        lanes = lambda a: jnp.repeat(a, 2, axis=-1)
-        lane = jnp.arange(k).reshape((1,) * (keys.ndim - 1) + (k,))  # explicit ranks
-        time_lane = lane < 2 * time_pairs
-
-        def table(fn):  # (b, n, m, bs, k): the slot's time lanes, the token's h, w lanes
-            return jnp.where(time_lane, fn(lanes(t_angles)), jnp.take(fn(lanes(hw)), block, 0))
-
-        even = lane % 2 == 0
-        sign = jnp.where(even, -1.0, 1.0)
-        x = keys.astype(jnp.float32)
-        swapped = jnp.where(even, jnp.roll(x, -1, axis=-1), jnp.roll(x, 1, axis=-1))
-        return (x * table(jnp.cos) + swapped * (table(jnp.sin) * sign)).astype(keys.dtype)
-
-    def table(fn):  # (b, n, m, bs, k/2)
-        cs_t = jnp.broadcast_to(fn(t_angles[..., :time_pairs]), (*block.shape, bs, time_pairs))
-        return jnp.concatenate([cs_t, jnp.take(fn(hw[..., time_pairs:]), block, axis=0)], -1)
-
-    return rotate_by(keys, table(jnp.cos), table(jnp.sin))
 
 
 # -- running --------------------------------------------------------------------------------------

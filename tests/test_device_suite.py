@@ -72,6 +72,8 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert sections["vae-decode"]["results"]["max_rel_diff"] < 1e-3  # float32 both
     # The (interpreted) PBSA kernel agrees with its reference on ragged selections, in bf16.
     assert sections["pbsa"]["results"]["max_rel_err"] < 2e-2
+    assert sections["pbsa"]["results"]["max_rel_err_rotated"] < 2e-2  # RoPE on read
+    assert sections["pbsa"]["results"]["kernel_rotated_ms_30"] > 0
     assert sections["pbsa"]["results"]["speedup_100"] > 0
     # The TPU kernel's tile sweep ran (interpreted here) and its tiles agree with the default's.
     sweep = [f"kernel_ms_30_{t}" for t in ("kv128", "kv512", "kv2048", "q12", "q24")]
@@ -87,11 +89,10 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert decode["sparse_shared_ms"] > 0 and decode["speedup_shared"] > 0
     assert decode["shared_selected_attn_ms"] > 0
     assert decode["pool_ms"] > 0 and decode["shared_pool_ms"] > 0
-    # The table-built cache rotation (a candidate, timed beside the per-token one) computes
-    # the same keys: a wrong table (h and w swapped, a wrong time angle) is off by O(1).
-    assert decode["rotation_ms"] > 0 and decode["rotation_table_ms"] > 0
-    assert decode["rotation_lane_table_ms"] > 0
-    assert decode["rotation_table_max_diff"] < 0.05
+    # The selected branch with RoPE on read equals it with the pool rotated first (bf16): on a
+    # TPU the kernel rotates in VMEM, a wrong lane swap or angle would be off by O(1).
+    assert decode["selected_rotate_first_ms"] > 0 and decode["rotation_ms"] > 0
+    assert decode["rotate_on_read_max_diff"] < 0.05
     # The scaled paths ran and said so.
     assert sections["generate"]["results"]["steps_run"] < sections["generate"]["results"]["steps"]
     for name in ("wan14b-step", "decode"):

@@ -23,15 +23,20 @@ from vidax.forcing.attention import (
     select_blocks,
     selected_attention,
     sparse_attention,
+    spatial_keys,
+    time_angles,
 )
-from vidax.forcing.cache import slot_lengths, token_positions
+from vidax.forcing.cache import chunk_metadata, slot_lengths, time_positions, to_blocks
 from vidax.kernels.pbsa import pbsa, pbsa_reference
 from vidax.kernels.pbsa.index import iota_below
+from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.nn import apply_rope
 from vidax.nn.ring_attention import splash_block
 from vidax.nn.rope import wan_axes_dims
 
 B, N, K = 2, 2, 12  # head dim 12: RoPE axes (4, 4, 4)
+# 2x2 = 4 tokens per frame in 2 blocks of 2; 2x3 = 6 tokens in blocks of 4 (4 + a partial 2).
+GRIDS = [((2, 2), 2), ((2, 3), 4)]
 ROPE = make_rope(wan_axes_dims(K), 10_000.0)
 SPARSE = ForcingConfig(
     chunk_frames=1,
@@ -98,6 +103,36 @@ def _params(scale: float) -> SparseParams:
     return p
 
 
+def _read_keys(layer, lay, start):
+    """The cached keys as attention reads them: the stored keys (spatial RoPE) rotated at their
+    slot's time position (t, 0, 0), per token: (b, n, slots, bs, k)."""
+    t = time_positions(layer.frame, start, lay)  # (b, n, s)
+    b, n, s, bs, kd = layer.k.shape
+    pos = jnp.broadcast_to(jnp.stack([t, 0 * t, 0 * t], -1)[:, :, :, None], (b, n, s, bs, 3))
+    return apply_rope(
+        layer.k.reshape(b * n, s * bs, 1, kd), ROPE(pos).reshape(b * n, s * bs, kd // 2)
+    ).reshape(b, n, s, bs, kd)
+
+
+@pytest.mark.parametrize("grid, block", GRIDS, ids=["blocks", "partial-blocks"])
+@pytest.mark.parametrize("chunk", [1, 9])  # before and past the horizon
+def test_stored_spatial_keys_read_at_their_time_are_the_full_rope(grid, block, chunk):
+    """What the cache stores (`spatial_keys`) rotated on read by its slot's `time_angles` is
+    the chunk's keys rotated at their (t, h, w) positions: the split of RoPE is exact."""
+    cfg = ForcingConfig(chunk_frames=2, sink_frames=2, window_frames=4, block_size=block)
+    lay = cfg.layout(grid)
+    k = jax.random.normal(jax.random.key(0), (B, lay.chunk_tokens, N, K))
+    start = jnp.int32(chunk * cfg.chunk_frames)
+    full = to_blocks(apply_rope(k, ROPE(chunk_positions(start, lay))), lay)
+    frames, _ = chunk_metadata(jnp.int32(chunk), lay)
+    angles = time_angles(frames, start, lay, ROPE)  # (blocks, k/2), one angle per block
+    stored = to_blocks(spatial_keys(k, lay, ROPE), lay)
+    read = jax.vmap(jax.vmap(lambda x: rotate_keys(x[None, None], angles[None, None])[0, 0]))
+    np.testing.assert_allclose(read(stored), full, atol=1e-6, rtol=1e-6)
+    # The stored keys are not the fully rotated ones (time lanes differ for frames past 0).
+    assert float(jnp.abs(stored - full).max()) > 1e-2
+
+
 def _explicit(q, k, v, layer, lay, chunk, keep):
     """Reference: softmax over rotated cached tokens of the `keep` (b, n, slots) slots + chunk."""
     return _explicit_jit(q, k, v, layer, lay, jnp.int32(chunk), keep)
@@ -108,11 +143,8 @@ def _explicit_jit(q, k, v, layer, lay, chunk, keep):
     start = chunk * lay.config.chunk_frames
     angles = ROPE(chunk_positions(start, lay))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    pos = token_positions(layer.frame, layer.block, start, lay)
     b, n, s, bs, kd = layer.k.shape
-    ck = apply_rope(
-        layer.k.reshape(b * n, s * bs, 1, kd), ROPE(pos).reshape(b * n, s * bs, kd // 2)
-    ).reshape(b, n, s * bs, kd)
+    ck = _read_keys(layer, lay, start).reshape(b, n, s * bs, kd)
     cv = layer.v.reshape(b, n, s * bs, kd)
     keys = jnp.concatenate([ck, kr.transpose(0, 2, 1, 3)], axis=2)
     vals = jnp.concatenate([cv, v.transpose(0, 2, 1, 3)], axis=2)
@@ -121,10 +153,6 @@ def _explicit_jit(q, k, v, layer, lay, chunk, keep):
     logits = jnp.einsum("blnk,bnsk->bnls", qr, keys) / np.sqrt(kd)
     logits = jnp.where(ok[:, :, None], logits, -jnp.inf)
     return jnp.einsum("bnls,bnsk->blnk", jax.nn.softmax(logits, -1), vals)
-
-
-# 2x2 = 4 tokens per frame in 2 blocks of 2; 2x3 = 6 tokens in blocks of 4 (4 + a partial 2).
-GRIDS = [((2, 2), 2), ((2, 3), 4)]
 
 
 @pytest.mark.parametrize("grid, block", GRIDS, ids=["blocks", "partial-blocks"])
@@ -174,12 +202,8 @@ def test_sparse_selected_branch_matches_masked_reference(backend):
     # Recompute the selection the layer makes and attend explicitly to those slots.
     angles = ROPE(chunk_positions(start, lay))
     qr = apply_rope(q, angles)
-    pos = token_positions(layer.frame, layer.block, start, lay)
-    b, n, s, bs, kd = layer.k.shape
-    pool = apply_rope(
-        layer.k.reshape(b * n, s * bs, 1, kd), ROPE(pos).reshape(b * n, s * bs, kd // 2)
-    ).reshape(b, n, s, bs, kd)
-    kbar = pool.mean(axis=3)
+    b, n, s, _, kd = layer.k.shape
+    kbar = _read_keys(layer, lay, start).mean(axis=3)
     qbar = qr.reshape(b, lay.num_query_tiles, -1, n, kd).mean(axis=2)
     scores = jnp.einsum("bqnk,bnsk->bnqs", qbar, kbar) / np.sqrt(kd)
     idx = select_blocks(jnp.where((layer.frame >= 0)[:, :, None], scores, -jnp.inf), lay)

@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 
 from vidax.forcing import ForcingConfig, init_cache, write_chunk
-from vidax.forcing.cache import (
-    block_centre_positions,
-    chunk_slot,
-    time_positions,
-    token_positions,
-)
+from vidax.forcing.cache import chunk_slot, time_positions
 
 B, N, K = 1, 2, 4
 
@@ -37,9 +32,6 @@ def test_time_positions_absolute_then_realigned():
     pos = np.asarray(time_positions(frames, jnp.int32(10), lay))
     np.testing.assert_array_equal(pos[:2], [0, 1])  # sink
     np.testing.assert_array_equal(pos[6:12], [2, 3, 4, 5, 6, 7])  # window (6..9) + chunk (10, 11)
-    # Token positions: (t, h, w) of each token of a block, row-major inside the frame.
-    tp = token_positions(jnp.array([[10]]), jnp.array([[1]]), jnp.int32(10), lay)
-    np.testing.assert_array_equal(np.asarray(tp)[0, 0], [[6, 1, 0], [6, 1, 1]])
 
 
 def test_dense_window_and_sink_eviction():
@@ -205,9 +197,6 @@ def test_partial_blocks_hold_a_frame_in_order_padded_with_zeros():
     assert sorted(zip(cf.tolist(), cb.tolist(), strict=True)) == [(1, 1), (2, 0)]
     means = 100 * cf + 4 * cb + np.where(cb == 0, 1.5, 0.5)  # of tokens 0-3, of tokens 4-5
     np.testing.assert_allclose(np.asarray(layer.ck[0, 0, :, 0]), means)
-    # The partial block's centre: tokens 4, 5 of a 2x3 frame = row 1, columns 1 and 2.
-    centre = block_centre_positions(jnp.array([3]), jnp.array([1]), jnp.int32(3), lay)
-    np.testing.assert_allclose(np.asarray(centre)[0], [3.0, 1.0, 1.5])
 
 
 def test_cache_shapes_do_not_grow():

@@ -33,6 +33,7 @@ from vidax.kernels.pbsa import (
     selection_mask,
     update_pool,
 )
+from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.nn import attention
 
 F32_TOL = 1e-5
@@ -352,6 +353,61 @@ def test_kernel_gradients_match_dense_oracle(backend):
         np.testing.assert_allclose(g, d, atol=1e-4, rtol=1e-4)
 
 
+def _key_angles(case: Case, seed: int):
+    rng = np.random.default_rng(seed)
+    shape = (case.b, case.n_kv, case.num_slots, case.k // 2)
+    return jnp.asarray(rng.uniform(-20.0, 20.0, size=shape), jnp.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "case,block_sizes",
+    [(GQA_RAGGED, None), (MHA_EVEN, BlockSizes(block_q=8, block_kv=32)), *KERNEL_CASES[3:]],
+    ids=["gqa_ragged", "mha_split", "frame_60", "frame_60_steps"],
+)
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_kernel_rotates_keys_on_read(case, block_sizes, backend, seed):
+    """`key_angles` = the reference over the pool rotated first (`rotate_keys`): the TPU
+    kernel rotates each copied block in VMEM (one unpadded block a step, or several at a
+    padded stride), the others in XLA. Far from the unrotated pool: the rotation happened."""
+    q, pk, pv, idx, cnt, lens = make_inputs(case, seed)
+    angles = _key_angles(case, seed)
+    f = kernel_fn(case, backend, block_sizes)
+    out, lse = f(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)
+    ref = reference_fn(case.block_q)
+    want, want_lse = ref(q, rotate_keys(pk, angles), pv, idx, cnt, slot_len=lens)
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+    assert_lse_close(lse, want_lse, F32_TOL)
+    spec, _ = ref(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)
+    np.testing.assert_allclose(spec, want, atol=F32_TOL, rtol=F32_TOL)
+    plain, _ = ref(q, pk, pv, idx, cnt, slot_len=lens)
+    assert float(jnp.abs(plain - want).max()) > 0.1
+
+
+@pytest.mark.parametrize("backend", ["tpu", "reference"])
+def test_rotated_read_gradients_are_those_of_the_rotated_pool(backend):
+    """The pool's gradient under RoPE on read is the rotated pool's, rotated back."""
+    case = GQA_RAGGED
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 9)
+    angles = _key_angles(case, 9)
+    w = jnp.asarray(np.random.default_rng(10).normal(size=q.shape), jnp.float32)
+    kernel = kernel_fn(case, backend)
+
+    def loss(q, pk, pv):
+        return (kernel(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)[0] * w).sum()
+
+    def spec(q, pk, pv):
+        out = reference_fn(case.block_q)(q, rotate_keys(pk, angles), pv, idx, cnt, slot_len=lens)
+        return (out[0] * w).sum()
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, pk, pv)
+    want = jax.jit(jax.grad(spec, argnums=(0, 1, 2)))(q, pk, pv)
+    for g, s in zip(got, want, strict=True):
+        assert np.abs(np.asarray(s)).max() > 0
+        np.testing.assert_allclose(g, s, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_backend_on_cpu_is_reference():
     case = MHA_EVEN
     q, pk, pv, idx, cnt, lens = make_inputs(case, 7)
@@ -383,6 +439,8 @@ def _valid(case=MHA_EVEN):
         (lambda a: {**a, "block_q": 8}, "num_q_tiles"),
         (lambda a: {**a, "slot_len": a["slot_len"] + 100}, "slot_len values"),
         (lambda a: {**a, "slot_len": a["slot_len"][..., :2]}, "slot_len must be"),
+        (lambda a: {**a, "key_angles": jnp.zeros((2, 2, 5, 7))}, "key_angles must be"),
+        (lambda a: {**a, "key_angles": jnp.zeros((2, 2, 5, 8), jnp.int32)}, "float"),
     ],
 )
 def test_bad_inputs_raise(fn, mutate, match):
@@ -507,7 +565,7 @@ def _abstract_args(dtype, sharding=None, block_q=128, **s):
 
 
 def _sparse_forcing_call(backend, block_q=128, block_sizes=None):
-    def f(q, pk, pv, idx, cnt, lens):
+    def f(q, pk, pv, idx, cnt, lens, key_angles=None):
         return pbsa(
             q,
             pk,
@@ -516,6 +574,7 @@ def _sparse_forcing_call(backend, block_q=128, block_sizes=None):
             cnt,
             block_q=block_q,
             slot_len=lens,
+            key_angles=key_angles,
             return_lse=True,
             backend=backend,
             block_sizes=block_sizes,
@@ -541,13 +600,17 @@ def test_tpu_kernel_compiles_for_v5e():
     mesh = Mesh(np.asarray(topo.devices).reshape(1), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec())
     wan = {**WAN_480P, "max_sel": 124}  # 60-token blocks (not a multiple of bf16's 16 rows)
-    for shapes, block_q, tiles in (
-        (SF_SHAPES, 128, None),  # MHA
-        ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128, None),  # GQA
-        (wan, 1560, BlockSizes(block_kv=60)),  # one unpadded block of 60 a step
-        (wan, 1560, None),  # 16 blocks a step, each padded to a 64-row stride
+    for shapes, block_q, tiles, rotate in (
+        (SF_SHAPES, 128, None, False),  # MHA
+        ({**SF_SHAPES, "n_kv": 4, "max_sel": 200}, 128, None, False),  # GQA
+        (wan, 1560, BlockSizes(block_kv=60), True),  # one unpadded block of 60 a step, RoPE
+        (wan, 1560, None, True),  # 16 blocks a step, each padded to a 64-row stride, RoPE
     ):
         args = _abstract_args(jnp.bfloat16, sharding, block_q=block_q, **shapes)
+        if rotate:  # RoPE on read: per-slot angles, rotated in VMEM
+            s = shapes
+            angles = (s["b"], s["n_kv"], s["num_slots"], s["k"] // 2)
+            args = (*args, jax.ShapeDtypeStruct(angles, jnp.float32, sharding=sharding))
         call = _sparse_forcing_call("tpu", block_q=block_q, block_sizes=tiles)
         compiled = jax.jit(call).lower(*args).compile()
         assert "pbsa_tpu" in compiled.as_text()

@@ -6,6 +6,13 @@ layer's `KVCache`. The chunk always attends to itself in full (bidirectional ins
 its own keys are appended to the cache's blocks as extra pool slots, so one softmax covers the
 cache and the chunk.
 
+RoPE of cached keys: a cached token's (h, w) never changes, its time position does (past the
+horizon, `time_positions`). The cache stores keys with their spatial rotation (`spatial_keys`,
+applied once when a chunk is written) and every read rotates the time lanes by one angle per
+slot (`time_angles`): the PBSA kernel does it on read, in VMEM, so the sparse path never
+rewrites the pool; the XLA paths rotate the slots they read. The time and space lanes of RoPE
+are disjoint, so the two rotations compose to exactly the rotation at (t, h, w).
+
 Sparse attention (native-sparse-attention style, two branches):
 
 - *selected*: each query tile (one latent frame by default) attends to the union of the sink
@@ -44,16 +51,15 @@ from jaxtyping import Array, Float
 
 from vidax.forcing.cache import (
     KVCache,
-    block_centre_positions,
     block_lengths,
     chunk_metadata,
     slot_lengths,
     time_positions,
     to_blocks,
-    token_positions,
 )
 from vidax.kernels.pbsa import block_means, pbsa
 from vidax.kernels.pbsa.index import iota_below
+from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
@@ -109,18 +115,26 @@ def make_sparse_params(num_layers: int, num_heads: int, head_dim: int) -> Sparse
 # -- RoPE helpers ---------------------------------------------------------------------------------
 
 
-def _rotate(x: Float[Array, "b n ... k"], positions, rope) -> Float[Array, "b n ... k"]:
-    """RoPE on per-head tokens: pool blocks (b, n, m, bs, k) or token lists (b, n, m, k), with
-    per-token positions (b, n, ..., 3)."""
-    return rotate_pairs(x, rope(positions))
-
-
 def chunk_positions(chunk_start, layout: CacheLayout) -> Float[Array, "l 3"]:
     """(t, h, w) RoPE positions of the current chunk's tokens."""
     c = layout.config
     t0 = time_positions(jnp.asarray(chunk_start), chunk_start, layout)
     grid = video_positions(c.chunk_frames, *layout.grid_hw)
     return grid + jnp.stack([t0, 0.0 * t0, 0.0 * t0])[None]  # one time offset for every token
+
+
+def spatial_keys(k: Float[Array, "b l n k"], layout: CacheLayout, rope) -> Float[Array, "b l n k"]:
+    """The chunk's raw keys rotated at (0, h, w): what the cache stores (module docstring)."""
+    grid = video_positions(layout.config.chunk_frames, *layout.grid_hw)
+    return apply_rope(k, rope(grid * jnp.asarray([[0.0, 1.0, 1.0]])))
+
+
+def time_angles(frame: Array, chunk_start, layout: CacheLayout, rope) -> Float[Array, "... k/2"]:
+    """RoPE angles (..., k/2) of cached frames `frame` (...) at their time positions while the
+    chunk at `chunk_start` is denoised: the time lanes' angles, 0 on the spatial lanes."""
+    t = time_positions(frame, chunk_start, layout)
+    zero = jnp.zeros_like(t)
+    return rope(jnp.stack([t, zero, zero], axis=-1))
 
 
 def make_rope(axes_dims: tuple[int, ...], theta: float):
@@ -183,7 +197,8 @@ def dense_attention(
     if layout.memory_slots:
         # A sparse layout read densely (tests: sparse selecting every block): the memory does
         # not fill as a prefix, so every slot is read and the empty ones are masked.
-        pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+        pool_k, pool_v, lengths, qr, angles = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+        pool_k = rotate_keys(pool_k, angles)
         o, _ = _attend_pool(qr, pool_k, pool_v, lengths, q.shape[-1] ** -0.5)
         return o.astype(q.dtype), None
     full = c.sink_chunks + c.window_chunks
@@ -205,10 +220,10 @@ def _dense_prefix(q, k, v, cache: KVCache, chunk_start, *, slots: int, layout, r
     keys, values = kr.swapaxes(1, 2), v.swapaxes(1, 2)  # (b, n, l, k)
     if slots:
         head = lambda x: x[:, :, :slots]
-        pos = token_positions(head(cache.frame), head(cache.block), chunk_start, layout)
+        angles = time_angles(head(cache.frame), chunk_start, layout, rope)
         # The prefix holds whole frames (head-major here).
         tokens = lambda x: _frame_tokens(x, layout).swapaxes(1, 2)
-        cached_k = tokens(_rotate(head(cache.k), pos, rope))
+        cached_k = tokens(rotate_keys(head(cache.k), angles))
         cached_v = tokens(head(cache.v))
         keys = jnp.concatenate([cached_k.astype(q.dtype), keys], axis=2)
         values = jnp.concatenate([cached_v.astype(q.dtype), values], axis=2)
@@ -234,36 +249,43 @@ def _fused_attention(
 
 
 def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope):
-    """Rotated pool of the cache followed by the chunk's own blocks, their lengths, rotated q.
+    """The cache's pool followed by the chunk's own blocks, their lengths and key angles, and
+    the rotated queries.
 
     Returns:
-      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k), int32 slot lengths (b, n, slots +
+      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k): the cached keys as stored (spatial
+      RoPE only), then the chunk's keys fully rotated; int32 slot lengths (b, n, slots +
       chunk_blocks): valid leading tokens of each slot (0: empty; a frame's partial last block
-      is shorter), and q rotated (b, l, n, k). The chunk's blocks are the last `chunk_blocks`
+      is shorter); q rotated (b, l, n, k); float32 key angles (b, n, slots + chunk_blocks, k/2)
+      that complete each slot's rotation (`rotate_keys`, or PBSA's RoPE on read): the cached
+      slots' time angles, 0 for the chunk's. The chunk's blocks are the last `chunk_blocks`
       slots.
     """
     angles = rope(chunk_positions(chunk_start, layout))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    cached_k = _rotate(
-        cache.k, token_positions(cache.frame, cache.block, chunk_start, layout), rope
-    )
-    pool_k = jnp.concatenate([cached_k.astype(q.dtype), to_blocks(kr, layout)], axis=2)
+    pool_k = jnp.concatenate([cache.k.astype(q.dtype), to_blocks(kr, layout)], axis=2)
     pool_v = jnp.concatenate([cache.v.astype(q.dtype), to_blocks(v, layout)], axis=2)
+    b, n = cache.frame.shape[:2]
     _, own_blocks = chunk_metadata(jnp.int32(0), layout)
-    own = jnp.broadcast_to(
-        block_lengths(own_blocks, layout), (*cache.frame.shape[:2], layout.chunk_blocks)
-    )
+    own = jnp.broadcast_to(block_lengths(own_blocks, layout), (b, n, layout.chunk_blocks))
     lengths = jnp.concatenate([slot_lengths(cache.frame, cache.block, layout), own], axis=2)
-    return pool_k, pool_v, lengths, qr
+    cached = time_angles(cache.frame, chunk_start, layout, rope)
+    key_angles = jnp.concatenate(
+        [cached, jnp.zeros((b, n, layout.chunk_blocks, cached.shape[-1]), cached.dtype)], axis=2
+    )
+    return pool_k, pool_v, lengths, qr, key_angles
 
 
 # -- sparse ---------------------------------------------------------------------------------------
 
 
-def _compress(pool, slot_len, weight):
-    """Compressed tokens of pool blocks: mean over the block's valid tokens (`slot_len`) plus a
-    learned linear correction."""
+def _compress(pool, slot_len, weight, angles=None):
+    """Compressed tokens of pool blocks: mean over the block's valid tokens (`slot_len`),
+    rotated by the slots' `angles` (b, n, slots, k/2) when given, plus a learned linear
+    correction. One angle per slot: the rotated mean is the mean of the rotated keys."""
     mean = block_means(pool, slot_len=slot_len)
+    if angles is not None:
+        mean = rotate_pairs(mean, angles)
     return mean + jnp.einsum("bnsk,nkj->bnsj", mean, weight.astype(jnp.float32))
 
 
@@ -364,32 +386,39 @@ def selected_attention(
     scale: float,
     *,
     backend: str,
+    key_angles: Array | None = None,
     bias: Array | None = None,
 ) -> Float[Array, "b l n k"]:
     """Sparse Forcing's selected branch: one softmax per query tile over its listed slots.
 
     Args:
-      qr: (b, l, n, k) rotated queries; pool_k, pool_v, lengths: the pool `_with_chunk` builds.
+      qr: (b, l, n, k) rotated queries; pool_k, pool_v, lengths, key_angles: the pool
+        `_with_chunk` builds.
       idx: int32 (b, n, nq, s) pool slots per query tile, every entry valid.
       layout: the cache layout (its `query_tile`).
       scale: logit scale.
       backend: "gather" (`gather_attention`) or a PBSA backend (`selected_backend`'s result).
+      key_angles: optional float32 (b, n, slots, k/2) rotation completing each slot's keys
+        (PBSA rotates them on read; the gather path rotates the pool first); None: the pool's
+        keys are final.
       bias: optional (b, n, nq, s) logit bias per listed slot; the gather path only (the PBSA
         kernels take none).
     """
     if backend == "gather":
+        if key_angles is not None:
+            pool_k = rotate_keys(pool_k, key_angles)
         return gather_attention(
             qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale, bias=bias
         )
     if bias is not None:
         raise ValueError(f"the PBSA kernels take no logit bias (backend {backend!r})")
     if layout.config.dense_shared:
-        return _dense_shared(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)
-    o, _ = _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)
+        return _dense_shared(qr, pool_k, pool_v, idx, lengths, key_angles, layout, scale, backend)
+    o, _ = _pbsa_lists(qr, pool_k, pool_v, idx, lengths, key_angles, layout, scale, backend)
     return o
 
 
-def _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, backend):
+def _pbsa_lists(qr, pool_k, pool_v, idx, lengths, key_angles, layout: CacheLayout, scale, backend):
     """PBSA of every query tile over all of its listed slots: (o (b, l, n, k), lse (b, n, l))."""
     cnt = jnp.full(idx.shape[:3], idx.shape[-1], jnp.int32)
     o, lse = pbsa(
@@ -401,6 +430,7 @@ def _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, ba
         block_q=layout.query_tile,
         scale=scale,
         slot_len=lengths,
+        key_angles=key_angles,
         backend=backend,
         return_lse=True,
     )
@@ -424,7 +454,9 @@ def _dense_with_lse(q, k, v, *, scale: float):
     return block_attention(q, k, v, k.shape[1], scale=scale, tpu=tpu)
 
 
-def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, backend):
+def _dense_shared(
+    qr, pool_k, pool_v, idx, lengths, key_angles, layout: CacheLayout, scale, backend
+):
     """`ForcingConfig.dense_shared`: the sink and chunk blocks every tile lists, densely in one
     kernel call, merged by log-sum-exp with PBSA over each tile's own picks (disjoint sets, so
     the same softmax as PBSA over the whole lists)."""
@@ -436,27 +468,31 @@ def _dense_shared(qr, pool_k, pool_v, idx, lengths, layout: CacheLayout, scale, 
             f"the chunk's own ({own}) slots; got {idx.shape[-1]} entries"
         )
 
-    def shared_tokens(pool):  # the sink's and the chunk's whole frames: (b, tokens, n, k)
-        return _frame_tokens(jnp.concatenate([pool[:, :, :sink], pool[:, :, slots:]], 2), layout)
+    def shared(pool, angles=None):  # the sink's and the chunk's whole frames: (b, tokens, n, k)
+        part = lambda x: jnp.concatenate([x[:, :, :sink], x[:, :, slots:]], 2)
+        blocks = part(pool) if angles is None else rotate_keys(part(pool), part(angles))
+        return _frame_tokens(blocks, layout)
 
-    def split(qr, pool_k, pool_v, idx, lengths):
-        keys, values = shared_tokens(pool_k), shared_tokens(pool_v)
+    def split(qr, pool_k, pool_v, idx, lengths, key_angles):
+        keys, values = shared(pool_k, key_angles), shared(pool_v)
         o, lse = _dense_with_lse(qr, keys, values, scale=scale)
         if picks:
             mine = idx[..., sink : sink + picks]
             o_picks, lse_picks = _pbsa_lists(
-                qr, pool_k, pool_v, mine, lengths, layout, scale, backend
+                qr, pool_k, pool_v, mine, lengths, key_angles, layout, scale, backend
             )
             o, _ = merge_partials((o, lse), (o_picks.astype(jnp.float32), lse_picks))
         return o.astype(qr.dtype)
 
-    def whole(qr, pool_k, pool_v, idx, lengths):  # PBSA's output is in qr's dtype
-        return _pbsa_lists(qr, pool_k, pool_v, idx, lengths, layout, scale, backend)[0]
+    def whole(qr, pool_k, pool_v, idx, lengths, key_angles):  # PBSA's output: qr's dtype
+        args = (qr, pool_k, pool_v, idx, lengths, key_angles, layout, scale, backend)
+        return _pbsa_lists(*args)[0]
 
     # The sink is written whole frames at a time, in order, and a written slot is full: until
     # every sink slot has tokens, PBSA (which masks empty slots) takes the whole lists.
     ready = jnp.all(lengths[:, :, :sink] > 0) if sink else jnp.bool_(True)
-    return jax.lax.cond(ready, split, whole, qr, pool_k, pool_v, idx, lengths)
+    args = (qr, pool_k, pool_v, idx, lengths, key_angles)
+    return jax.lax.cond(ready, split, whole, *args)
 
 
 def sparse_attention(
@@ -495,12 +531,13 @@ def sparse_attention(
     b, lq, n, kd = q.shape
     scale = kd**-0.5
     f32 = jnp.float32
-    pool_k, pool_v, lengths, qr = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
+    pool_k, pool_v, lengths, qr, key_angles = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
     slots = layout.num_slots
     valid = lengths[:, :, :slots] > 0  # the cache part
+    cached_len, cached_angles = lengths[:, :, :slots], key_angles[:, :, :slots]
     # Compressed tokens of the cached blocks (rotated keys, as attention sees them).
-    k_cmp = _compress(pool_k[:, :, :slots], lengths[:, :, :slots], params.compress_k[...])
-    v_cmp = _compress(pool_v[:, :, :slots], lengths[:, :, :slots], params.compress_v[...])
+    k_cmp = _compress(cache.k, cached_len, params.compress_k[...], cached_angles)
+    v_cmp = _compress(cache.v, cached_len, params.compress_v[...])
 
     # Scores: mean query of each tile against the compressed keys.
     nq = layout.num_query_tiles
@@ -527,15 +564,24 @@ def sparse_attention(
         s_b = s_b - jax.lax.stop_gradient(s_b)
         bias = jnp.concatenate([s_b, jnp.zeros((*s_b.shape[:3], own.size), f32)], -1)
     o_sel = selected_attention(
-        qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend, bias=bias
+        qr,
+        pool_k,
+        pool_v,
+        idx,
+        lengths,
+        layout,
+        scale,
+        backend=backend,
+        key_angles=key_angles,
+        bias=bias,
     )
     o_sel = o_sel.astype(f32)
 
     # Compressed branch: every query over all compressed tokens (cache blocks + ring).
     key_parts, value_parts, ok_parts = [k_cmp], [v_cmp], [valid]
     if c.compressed_tokens:
-        ring_pos = block_centre_positions(cache.cframe, cache.cblock, chunk_start, layout)
-        key_parts.append(_rotate(cache.ck.astype(f32), ring_pos, rope))
+        ring_angles = time_angles(cache.cframe, chunk_start, layout, rope)
+        key_parts.append(rotate_pairs(cache.ck.astype(f32), ring_angles))
         value_parts.append(cache.cv.astype(f32))
         ok_parts.append(cache.cframe >= 0)
     keys, values, ok = (jnp.concatenate(x, axis=2) for x in (key_parts, value_parts, ok_parts))

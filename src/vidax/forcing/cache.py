@@ -3,9 +3,10 @@
 Every buffer has a static shape fixed by the `CacheLayout`, whatever the length of the video, so
 a rollout compiles once and its cost per chunk is flat. Writes are `dynamic_update_slice`s into
 the buffers (in place under `jit` with the cache donated or carried through a `scan`); nothing is
-ever shifted or rolled. Keys are stored *before* RoPE: the time position of a cached frame
-changes once the rollout passes the horizon (see `ForcingConfig.horizon`), so keys are rotated
-when they are read (`time_positions`, `token_positions`).
+ever shifted or rolled. Keys are stored with the spatial part of their RoPE only: a cached
+token's (h, w) never changes, but the time position of a cached frame does once the rollout
+passes the horizon (see `ForcingConfig.horizon`), so the time lanes are rotated when the keys
+are read, one angle per slot (`time_positions`; `vidax.forcing.attention.time_angles`).
 
 Per-slot metadata lives beside the blocks: the absolute latent frame a slot holds (-1: empty),
 its block index inside that frame (for the spatial RoPE positions) and its salience (sparse).
@@ -19,7 +20,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from vidax.kernels.pbsa.index import iota_below
 from vidax.models.causal import CacheLayout
 
 
@@ -27,12 +27,14 @@ from vidax.models.causal import CacheLayout
 class KVCache:
     """The cache of every layer, stacked on a leading layer axis `L`.
 
-    k, v: (L, b, n, slots, bs, k) raw (un-rotated) keys and values.
+    k, v: (L, b, n, slots, bs, k) keys with their spatial RoPE (rotated at (0, h, w),
+      `vidax.forcing.attention.spatial_keys`) and values.
     frame: (L, b, n, slots) int32 absolute latent frame of each slot, -1 when empty.
     block: (L, b, n, slots) int32 block index of the slot inside its frame.
     salience: (L, b, n, slots) float32 running attention mass of each slot (sparse; -1 until
       the slot is first scored).
-    ck, cv: (L, b, n, r, k) compressed ring of discarded blocks (mean raw key / value).
+    ck, cv: (L, b, n, r, k) compressed ring of discarded blocks (mean stored key / value: a
+      block's mean spatially rotated key, time-rotated on read like a slot's).
     cframe, cblock: (L, b, n, r) int32 frame (-1: empty) and block of each compressed token.
     """
 
@@ -121,37 +123,6 @@ def time_positions(
     return jnp.where(frame < sink, frame, pos).astype(jnp.float32)
 
 
-def token_positions(
-    frame: Int[Array, "... m"],
-    block: Int[Array, "... m"],
-    chunk_start: Int[Array, ""],
-    layout: CacheLayout,
-) -> Float[Array, "... m bs 3"]:
-    """(t, h, w) RoPE positions of every token of the blocks (frame, block)."""
-    t = time_positions(frame, chunk_start, layout)
-    offsets = jnp.arange(layout.block_size).reshape((1,) * block.ndim + (-1,))
-    token = block[..., None] * layout.block_size + offsets  # (..., m, bs)
-    w = layout.grid_hw[1]
-    hw = jnp.stack([token // w, token % w], axis=-1).astype(jnp.float32)
-    t = jnp.broadcast_to(t[..., None, None], (*token.shape, 1))
-    return jnp.concatenate([t, hw], axis=-1)
-
-
-def block_centre_positions(
-    frame: Int[Array, "... m"],
-    block: Int[Array, "... m"],
-    chunk_start: Int[Array, ""],
-    layout: CacheLayout,
-) -> Float[Array, "... m 3"]:
-    """(t, h, w) position of the centre of each block (where its compressed token sits)."""
-    pos = token_positions(frame, block, chunk_start, layout)
-    if not layout.ragged:
-        return pos.mean(axis=-2)
-    n = block_lengths(block, layout)  # a partial block's centre is that of its tokens
-    ok = iota_below(layout.block_size, n)
-    return jnp.where(ok[..., None], pos, 0.0).sum(axis=-2) / n[..., None].astype(jnp.float32)
-
-
 def block_lengths(block: Int[Array, "..."], layout: CacheLayout) -> Int[Array, "..."]:
     """Tokens of block `block` of a frame: `block_size`, less for a frame's partial last block."""
     bs = layout.block_size
@@ -209,7 +180,7 @@ def write_chunk(
     *,
     mass: Float[Array, "b n slots"] | None = None,
 ) -> KVCache:
-    """Writes a finished chunk (raw keys, values) into one layer's cache; updates the memory.
+    """Writes a finished chunk (keys, values) into one layer's cache; updates the memory.
 
     Dense: the chunk overwrites its sink or ring slots (evicting chunk `c - window_chunks`).
     Sparse, in addition: the salience of every slot is updated with this chunk's attention mass
@@ -220,7 +191,8 @@ def write_chunk(
 
     Args:
       cache: one layer's cache (no layer axis).
-      k, v: (b, l, n, k) raw keys and values of the chunk (l = `chunk_tokens`).
+      k, v: (b, l, n, k) keys with their spatial RoPE (`spatial_keys`) and values of the chunk
+        (l = `chunk_tokens`).
       chunk: int32 scalar chunk index (may be traced).
       layout: the cache layout.
       mass: (b, n, slots) attention mass the chunk's queries put on each cache slot (sparse).

@@ -32,6 +32,7 @@ from vidax.forcing.attention import (
     make_rope,
     make_sparse_params,
     sparse_attention,
+    spatial_keys,
 )
 from vidax.forcing.cache import KVCache, init_cache, write_chunk
 from vidax.models.causal import CacheLayout, ForcingConfig
@@ -153,6 +154,7 @@ def forward_chunk(
 
         h, (k, v, mass) = block.call_with_aux(h, cond, None, attend)
         if write:
+            k = spatial_keys(k, layout, rope)  # what the cache stores (attention module)
             cache = cache.set_layer(i, write_chunk(layer, k, v, chunk, layout, mass=mass))
         return h, cache
 

@@ -69,6 +69,20 @@ def _concrete(x) -> np.ndarray | None:
         return None
 
 
+def check_key_angles(key_angles, d: PbsaDims) -> None:
+    """Checks `pbsa`'s optional per-slot RoPE angles: float `(b, n_kv, num_slots, k/2)`."""
+    if key_angles is None:
+        return
+    want = (d.b, d.n_kv, d.num_slots, d.k // 2)
+    if d.k % 2 or key_angles.shape != want:
+        raise ValueError(
+            f"key_angles must be (b, n_kv, num_slots, k/2) = {want} with k even, got "
+            f"{key_angles.shape} for k={d.k}"
+        )
+    if not jnp.issubdtype(key_angles.dtype, jnp.floating):
+        raise ValueError(f"key_angles must be a float array, got {key_angles.dtype}")
+
+
 def check_inputs(
     q, pool_k, pool_v, block_idx, block_cnt, *, block_q: int | None, slot_len
 ) -> PbsaDims:

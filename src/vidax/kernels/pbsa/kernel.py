@@ -14,6 +14,12 @@ Index format (see `vidax.kernels.pbsa.index` for the details):
 One softmax runs over the union of the selected blocks, so selecting every block equals dense
 attention over the pool.
 
+RoPE on read: with `key_angles` `(b, n_kv, num_slots, k/2)` every key of slot `s` has its
+interleaved pairs rotated by `key_angles[..., s, :]` as the kernel reads it. A cache whose
+blocks change position while they sit in it (Sparse Forcing's time positions) stores them
+unrotated and is never rewritten: the TPU kernel rotates each copied block in VMEM, one
+`(1, k)` cos/sin row per slot; the Triton and reference backends rotate the pool in XLA first.
+
 How the kernels run: the wrapper sorts and de-duplicates the lists (`canonicalize_selection`)
 and folds the query heads of a KV head into the rows of one program, so each program handles
 `rows = groups * block_q` query rows against one KV head and reads every selected block once for
@@ -62,9 +68,10 @@ from vidax.kernels.pbsa.index import (
     PbsaDims,
     canonicalize_selection,
     check_inputs,
+    check_key_angles,
     full_slot_len,
 )
-from vidax.kernels.pbsa.reference import _attend, _q_tiles
+from vidax.kernels.pbsa.reference import _attend, _q_tiles, rotate_keys
 
 BACKENDS = ("auto", "tpu", "triton", "reference")
 # Query rows of one TPU program at most (`BlockSizes.block_q=None`): a Wan 480p frame's 1560
@@ -148,6 +155,7 @@ def pbsa(
     block_q: int | None = None,
     scale: float | None = None,
     slot_len: Int[Array, "b n_kv slots"] | None = None,
+    key_angles: Float[Array, "b n_kv slots k/2"] | None = None,
     return_lse: bool = False,
     block_sizes: BlockSizes | None = None,
     backend: str = "auto",
@@ -166,6 +174,8 @@ def pbsa(
         block_q: query rows per selection tile; None infers `l // num_q_tiles`.
         scale: logit scale, default `k ** -0.5`.
         slot_len: int `(b, n_kv, num_slots)` or `(b, num_slots)` valid tokens per slot.
+        key_angles: optional float `(b, n_kv, num_slots, k/2)` RoPE angles per slot, applied to
+            the keys as they are read (module docstring); no gradient flows to them.
         return_lse: also return the float32 log-sum-exp `(b, n, l)` (`-inf` for empty rows).
         block_sizes: kernel tiles, default `BlockSizes.get_default()`.
         backend: "tpu" (Mosaic), "triton" (GPU), "reference" (XLA) or "auto": the kernel of the
@@ -181,6 +191,7 @@ def pbsa(
             or tiles the chosen backend cannot run.
     """
     d = check_inputs(q, pool_k, pool_v, block_idx, block_cnt, block_q=block_q, slot_len=slot_len)
+    check_key_angles(key_angles, d)
     block_sizes = BlockSizes.get_default() if block_sizes is None else block_sizes
     backend = _resolve_backend(backend, interpret)
     _check_tiles(d, block_sizes, backend, q.dtype, pool_k.dtype)
@@ -195,7 +206,8 @@ def pbsa(
     lens = full_slot_len(
         slot_len, b=d.b, n_kv=d.n_kv, num_slots=d.num_slots, block_size=d.block_size
     )
-    out, lse = _pbsa(q, pool_k, pool_v, idx, cnt, lens, static)
+    angles = None if key_angles is None else key_angles.astype(jnp.float32)
+    out, lse = _pbsa(q, pool_k, pool_v, idx, cnt, lens, angles, static)
     return (out, lse) if return_lse else out
 
 
@@ -226,35 +238,44 @@ def _check_tiles(d: PbsaDims, bs: BlockSizes, backend: str, q_dtype, kv_dtype) -
 # ----------------------------------------------------------------------------- custom VJP
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _pbsa(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
-    return _forward(q, pool_k, pool_v, idx, cnt, lens, static)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _pbsa(q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
+    return _forward(q, pool_k, pool_v, idx, cnt, lens, angles, static)
 
 
-def _pbsa_fwd(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
-    out, lse = _forward(q, pool_k, pool_v, idx, cnt, lens, static)
-    return (out, lse), (q, pool_k, pool_v, idx, cnt, lens, out, lse)
+def _pbsa_fwd(q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
+    out, lse = _forward(q, pool_k, pool_v, idx, cnt, lens, angles, static)
+    return (out, lse), (q, pool_k, pool_v, idx, cnt, lens, angles, out, lse)
 
 
 def _pbsa_bwd(static: _Static, res, cotangents):
-    q, pool_k, pool_v, idx, cnt, lens, out, lse = res
+    q, pool_k, pool_v, idx, cnt, lens, angles, out, lse = res
     d_out, d_lse = cotangents
+    if angles is not None:  # the keys attention saw; their gradient rotated back (R^T = R(-a))
+        pool_k = rotate_keys(pool_k, angles)
     dq, dk, dv = pbsa_backward(
         q, pool_k, pool_v, idx, cnt, lens, out, lse, d_out, d_lse, static.dims, static.scale
     )
-    return dq, dk, dv, None, None, None
+    d_angles = None
+    if angles is not None:
+        dk = rotate_keys(dk, -angles)
+        d_angles = jnp.zeros_like(angles)  # positions are not learned
+    return dq, dk, dv, None, None, None, d_angles
 
 
 _pbsa.defvjp(_pbsa_fwd, _pbsa_bwd)
 
 
-def _forward(q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+def _forward(q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
     d = static.dims
+    if angles is not None and static.backend != "tpu":
+        pool_k = rotate_keys(pool_k, angles)  # rotated in XLA, then read as stored
+        angles = None
     if static.backend == "reference":
         return _attend(q, pool_k, pool_v, idx, cnt, lens, d, static.scale)
     rows_q = _rows(q, static)
     if static.backend == "tpu":
-        o, lse = _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static)
+        o, lse = _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static)
     else:
         o, lse = _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static)
     return _unrows(o, lse, q.dtype, static)
@@ -303,7 +324,17 @@ def _tpu_steps(d: PbsaDims, block_kv: int, dtype) -> tuple[int, int]:
     return steps, stride if steps > 1 else d.block_size
 
 
-def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+def _rotation_rows(angles: Array) -> tuple[Array, Array]:
+    """Per-slot angles `(b, n_kv, slots, k/2)` -> lane rows `(b, n_kv, slots, k)` float32:
+    `cos` per lane and `sin` signed so that a key row `x` rotates as
+    `x * cos + swap_pairs(x) * sin` (`swap_pairs` exchanges lanes 2j and 2j + 1)."""
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    lanes = lambda x: jnp.repeat(x, 2, axis=-1)
+    sign = jnp.tile(jnp.asarray([-1.0, 1.0], jnp.float32), angles.shape[-1])
+    return lanes(cos), lanes(sin) * sign.reshape((1,) * (angles.ndim - 1) + (-1,))
+
+
+def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
     d = static.dims
     b, n_kv, n_prog, rows, k = rows_q.shape
     # Sublane-align the rows (8 for 32-bit, 16 for 16-bit dtypes); padded rows are dropped.
@@ -317,6 +348,7 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         # would spare it).
         pad = [(0, 0)] * 3 + [(0, stride - d.block_size), (0, 0)]
         pool_k, pool_v = jnp.pad(pool_k, pad), jnp.pad(pool_v, pad)
+    rotate = angles is not None
     kernel = functools.partial(
         _pbsa_tpu_kernel,
         scale=static.scale,
@@ -324,7 +356,14 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         stride=stride,
         num_q_tiles=d.num_q_tiles,
         q_split=static.q_split,
+        rotate=rotate,
     )
+    rotation_specs, rotation_args = [], []
+    if rotate:
+        # The (b, h) rows of every slot, VMEM-resident across the head's query programs (the
+        # block index does not change along the grid's last axis, so they are copied once).
+        row = pl.BlockSpec((None, None, d.num_slots, k), lambda b, h, i, _: (b, h, 0, 0))
+        rotation_specs, rotation_args = [row, row], list(_rotation_rows(angles))
     split = static.q_split
 
     def tile_map(b, h, i, cnt_ref):  # the selection tile of program i
@@ -353,6 +392,7 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
             pl.BlockSpec((None, None, None, rows_p, k), row_map),
             pl.BlockSpec(memory_space=pl.ANY),
             pl.BlockSpec(memory_space=pl.ANY),
+            *rotation_specs,
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, rows_p, k), row_map),
@@ -378,8 +418,27 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         # a read of a block that was never copied would show up in the tests.
         interpret=pltpu.InterpretParams() if static.interpret else False,
         name="pbsa_tpu",
-    )(cnt.reshape(-1), idx[:, :, :, None], lens[:, :, None], rows_q, pool_k, pool_v)
+    )(
+        cnt.reshape(-1),
+        idx[:, :, :, None],
+        lens[:, :, None],
+        rows_q,
+        pool_k,
+        pool_v,
+        *rotation_args,
+    )
     return o, lse[..., 0]
+
+
+def _rotate_rows(ref, cos: Array, sin: Array) -> None:
+    """Rotates the interleaved pairs of the key rows in `ref` (rows, k) in place, in float32:
+    `x * cos + swap_pairs(x) * sin` with `(1, k)` lane rows from `_rotation_rows`."""
+    x = ref[...].astype(jnp.float32)
+    k = x.shape[-1]
+    even = jax.lax.rem(jax.lax.broadcasted_iota(jnp.int32, (1, k), 1), 2) == 0
+    # pltpu.roll follows jnp.roll: shift 1 brings lane j - 1 to j, shift k - 1 lane j + 1.
+    swapped = jnp.where(even, pltpu.roll(x, k - 1, 1), pltpu.roll(x, 1, 1))
+    ref[...] = (x * cos + swapped * sin).astype(ref.dtype)
 
 
 def _program_tile(num_q_tiles: int, q_split: int):
@@ -398,18 +457,17 @@ def _pbsa_tpu_kernel(
     q_ref,
     k_hbm_ref,
     v_hbm_ref,
-    o_ref,
-    lse_ref,
-    k_scratch_ref,
-    v_scratch_ref,
-    sem_scratch_ref,
-    *,
+    *refs,
     scale: float,
     steps: int,
     stride: int,
     num_q_tiles: int,
     q_split: int,
+    rotate: bool,
 ):
+    if rotate:
+        cos_ref, sin_ref, *refs = refs
+    o_ref, lse_ref, k_scratch_ref, v_scratch_ref, sem_scratch_ref = refs
     b, h, tile = _program_tile(num_q_tiles, q_split)
     cnt = cnt_ref[tile]
     num_steps = jax.lax.div(cnt + steps - 1, steps)
@@ -454,6 +512,15 @@ def _pbsa_tpu_kernel(
 
         for c in copies(step, buf):
             c.wait()
+        if rotate:
+            # RoPE on read: rotate each copied block in place by its slot's angles.
+            for u in range(steps):
+                slot = idx_ref[0, entry(step, u)]
+                _rotate_rows(
+                    k_scratch_ref.at[buf, pl.ds(u * stride, stride)],
+                    cos_ref[pl.ds(slot, 1), :],
+                    sin_ref[pl.ds(slot, 1), :],
+                )
         k = k_scratch_ref[buf]
         v = v_scratch_ref[buf]
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)

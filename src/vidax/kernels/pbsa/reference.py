@@ -15,9 +15,11 @@ from vidax.kernels.pbsa.index import (
     PbsaDims,
     canonicalize_selection,
     check_inputs,
+    check_key_angles,
     full_slot_len,
     iota_below,
 )
+from vidax.nn.rope import rotate_pairs
 from vidax.nn.softmax import normalize, softmax_stats
 
 
@@ -31,6 +33,7 @@ def pbsa_reference(
     block_q: int | None = None,
     scale: float | None = None,
     slot_len: Int[Array, "b n_kv slots"] | None = None,
+    key_angles: Float[Array, "b n_kv slots k/2"] | None = None,
     return_lse: bool = False,
 ):
     """Each query tile attends to the union of its selected pool blocks, one softmax over all.
@@ -48,6 +51,8 @@ def pbsa_reference(
         scale: logit scale, default `k ** -0.5`.
         slot_len: int `(b, n_kv, num_slots)` or `(b, num_slots)` valid tokens per slot (a
             partial block is padded at its end); None means all slots are full.
+        key_angles: optional float `(b, n_kv, num_slots, k/2)` RoPE angles per slot: the keys
+            of slot `s` are read rotated by them (`rotate_keys`).
         return_lse: also return the float32 log-sum-exp of the logits per query row.
 
     Returns:
@@ -60,8 +65,19 @@ def pbsa_reference(
     lens = full_slot_len(
         slot_len, b=d.b, n_kv=d.n_kv, num_slots=d.num_slots, block_size=d.block_size
     )
+    check_key_angles(key_angles, d)
+    if key_angles is not None:
+        pool_k = rotate_keys(pool_k, key_angles)
     out, lse = _attend(q, pool_k, pool_v, idx, cnt, lens, d, scale)
     return (out, lse) if return_lse else out
+
+
+def rotate_keys(
+    pool_k: Float[Array, "b n_kv slots bs k"], key_angles: Float[Array, "b n_kv slots k/2"]
+) -> Float[Array, "b n_kv slots bs k"]:
+    """Every key of slot `s` with its interleaved pairs rotated by `key_angles[..., s, :]`
+    (float32 arithmetic, the pool's dtype): what `pbsa`'s RoPE on read attends to."""
+    return rotate_pairs(pool_k, key_angles[..., None, :])
 
 
 def _q_tiles(q: Array, d: PbsaDims) -> Array:
