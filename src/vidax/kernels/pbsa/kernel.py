@@ -466,8 +466,8 @@ def _pbsa_tpu_kernel(
     rotate: bool,
 ):
     if rotate:
-        cos_ref, sin_ref, *refs = refs
-    o_ref, lse_ref, k_scratch_ref, v_scratch_ref, sem_scratch_ref = refs
+        cos_ref, sin_ref = refs[:2]
+    o_ref, lse_ref, k_scratch_ref, v_scratch_ref, sem_scratch_ref = refs[2 * rotate :]
     b, h, tile = _program_tile(num_q_tiles, q_split)
     cnt = cnt_ref[tile]
     num_steps = jax.lax.div(cnt + steps - 1, steps)
