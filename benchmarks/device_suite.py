@@ -92,8 +92,12 @@ DVG_BUDGETS = (0.2, 0.33)
 # `query_tile=None`; runs before 2026-12-07 used tiles of 120).
 PBSA_SIZES = {"frame": 1560, "heads": 12, "head_dim": 128, "chunk": 3, "pool_frames": 18}
 PBSA_SIZES |= {"block": 60, "block_q": 1560}
+# The decode section's sparse cache cuts frames into blocks of 64 (24 full and one of 24
+# tokens): a multiple of bf16's 16-row tile, so PBSA copies blocks straight from the cache
+# (blocks of 60 are padded to 64, a copy of the cache every forward).
+PBSA_SIZES |= {"sparse_block": 64}
 SMOKE_PBSA_SIZES = {"frame": 24, "heads": 2, "head_dim": 32, "chunk": 3, "pool_frames": 6}
-SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24}
+SMOKE_PBSA_SIZES |= {"block": 12, "block_q": 24, "sparse_block": 8}
 PBSA_FRACTIONS = (1.0, 0.5, 0.3, 0.15)  # of the pool's blocks each query tile attends to
 # The TPU kernel's keys per inner step (`BlockSizes.block_kv`; the default is 1024) tried at 30%.
 PBSA_BLOCK_KV = (128, 512, 2048)
@@ -1393,11 +1397,12 @@ def pbsa_section(ctx: Context) -> dict:
 
 
 def decode_configs(
-    frame_tokens: int, block: int, tile: int, backend: str
+    frame_tokens: int, block: int, tile: int, backend: str, *, sparse_block: int | None = None
 ) -> dict[str, ForcingConfig]:
     """tiny-causal's dense and sparse configurations for frames of `frame_tokens` tokens.
 
-    Both cut frames into blocks of `block` tokens. The sparse one keeps its sink, window and
+    Dense cuts frames into blocks of `block` tokens, sparse into blocks of `sparse_block`
+    (default `block`). The sparse one keeps its sink, window and
     chunk; its block budgets (memory, local and memory top-k, compressed ring) are scaled by the
     blocks per frame, so they cover the same share of a frame; it selects per tile of `tile`
     queries through PBSA `backend`, and its memory's reach is bounded so that sink + window +
@@ -1409,11 +1414,12 @@ def decode_configs(
     _, h, w, _ = spec.geometry().latent_shape(1, spec.defaults.height, spec.defaults.width)
     _, ph, pw = spec.config.patch_size
     dense, sparse = preset.dense, preset.sparse
-    ratio = -(-frame_tokens // block) / sparse.layout((h // ph, w // pw)).blocks_per_frame
+    sparse_block = block if sparse_block is None else sparse_block
+    ratio = -(-frame_tokens // sparse_block) / sparse.layout((h // ph, w // pw)).blocks_per_frame
     budgets = ("memory_blocks", "local_topk", "memory_topk", "compressed_tokens")
     sparse = dataclasses.replace(
         sparse,
-        block_size=block,
+        block_size=sparse_block,
         query_tile=tile,
         memory_frames=dense.context_frames - sparse.sink_frames - sparse.window_frames,
         pbsa_backend=backend,
@@ -1505,7 +1511,9 @@ def decode_section(ctx: Context) -> dict:
     # What pbsa_backend="auto" runs on this platform, named so that the isolated selected
     # branch below runs the same.
     backend = {"cpu": "gather", "tpu": "tpu"}.get(jax.default_backend(), "triton")
-    configs = decode_configs(grid[0] * grid[1], z["block"], z["block_q"], backend)
+    configs = decode_configs(
+        grid[0] * grid[1], z["block"], z["block_q"], backend, sparse_block=z["sparse_block"]
+    )
     layouts = {name: cfg.layout(grid) for name, cfg in configs.items()}
     dense, sparse = layouts["dense"], layouts["sparse"]
     kv = {name: peak_kv_bytes(full, layout) for name, layout in layouts.items()}
@@ -1717,8 +1725,9 @@ def _layer_attention(ctx: Context, model: CausalWan, layer: KVCache, layout, chu
 
     def selected(q, k, v, layer, start, idx, *, rotate_first: bool = False):
         pool_k, pool_v, lengths, qr, angles = _with_chunk(q, k, v, layer, start, layout, rope)
-        if rotate_first:  # the pool rotated in XLA, then read as stored (before 2026-12-07)
-            pool_k, angles = rotate_keys(pool_k, angles), None
+        if rotate_first:  # the pool joined and rotated in XLA, then read as stored (before)
+            pool_k, angles = rotate_keys(jnp.concatenate(pool_k, axis=2), angles), None
+            pool_v = jnp.concatenate(pool_v, axis=2)
         return selected_attention(
             qr, pool_k, pool_v, idx, lengths, layout, scale, backend=backend, key_angles=angles
         )

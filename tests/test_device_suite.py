@@ -199,14 +199,18 @@ def test_decode_programs_shrink_when_a_tpu_compile_runs_out_of_memory(monkeypatc
 
 def test_decode_layouts_at_wan_480p():
     # The smoke run builds the decode section's layouts at 24 tokens a frame; at Wan 480p (1560
-    # tokens, blocks of 60, tiles of 120) they must validate too, and keep sparse's peak KV at
-    # about dense's 0.56x at the same 18-frame context span.
+    # tokens; dense in blocks of 60, sparse in blocks of 64: 24 full and one of 24; one
+    # selection a frame) they must validate too, and keep sparse's peak KV at about dense's
+    # 0.56x at the same 18-frame context span.
     suite = _load_suite()
     z = suite.PBSA_SIZES
-    configs = suite.decode_configs(z["frame"], z["block"], z["block_q"], "tpu")
+    configs = suite.decode_configs(
+        z["frame"], z["block"], z["block_q"], "tpu", sparse_block=z["sparse_block"]
+    )
     layouts = {name: cfg.layout((30, 52)) for name, cfg in configs.items()}
     assert configs["sparse"].context_frames == configs["dense"].context_frames == 18
-    assert layouts["sparse"].blocks_per_frame == 26 and not layouts["sparse"].ragged
+    assert layouts["dense"].blocks_per_frame == 26 and not layouts["dense"].ragged
+    assert layouts["sparse"].blocks_per_frame == 25 and layouts["sparse"].ragged
     full = suite.get("wan2.1-1.3b").config
     kv = {name: suite.peak_kv_bytes(full, layout) for name, layout in layouts.items()}
     assert 0.5 < kv["sparse"] / kv["dense"] < 0.6, kv

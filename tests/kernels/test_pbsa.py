@@ -408,6 +408,41 @@ def test_rotated_read_gradients_are_those_of_the_rotated_pool(backend):
         np.testing.assert_allclose(g, s, atol=1e-5, rtol=1e-5)
 
 
+def _segments(x, cuts):
+    return tuple(jnp.split(x, cuts, axis=2))
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "reference"])
+@pytest.mark.parametrize(
+    "case,block_sizes,cuts",
+    [
+        (GQA_RAGGED, None, (4,)),  # tile-aligned blocks: each copied from its segment
+        (MHA_EVEN, BlockSizes(block_q=8, block_kv=32), (1, 3)),  # 3 segments, 2 blocks a step
+        (FRAME_60, BlockSizes(block_kv=256), (2,)),  # padded to a stride: joined first
+    ],
+    ids=["gqa_ragged", "mha_three", "frame_60_steps"],
+)
+def test_kernel_reads_pool_segments_as_one_pool(case, block_sizes, cuts, backend):
+    """A pool given as segments is the concatenated pool (with RoPE on read too), forward and
+    backward; the gradients come back cut into the same segments."""
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 11)
+    angles = _key_angles(case, 11)
+    f = kernel_fn(case, backend, block_sizes)
+    seg_k, seg_v = _segments(pk, cuts), _segments(pv, cuts)
+    for rot in (None, angles):
+        out, lse = f(q, seg_k, seg_v, idx, cnt, slot_len=lens, key_angles=rot)
+        want, want_lse = f(q, pk, pv, idx, cnt, slot_len=lens, key_angles=rot)
+        np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+        assert_lse_close(lse, want_lse, F32_TOL)
+    w = jnp.asarray(np.random.default_rng(12).normal(size=q.shape), jnp.float32)
+    loss = lambda pk, pv: (f(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)[0] * w).sum()
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(seg_k, seg_v)
+    want = jax.jit(jax.grad(loss, argnums=(0, 1)))(pk, pv)
+    for g, full in zip(got, want, strict=True):
+        assert isinstance(g, tuple) and [x.shape for x in g] == [x.shape for x in seg_k]
+        np.testing.assert_allclose(jnp.concatenate(g, axis=2), full, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_backend_on_cpu_is_reference():
     case = MHA_EVEN
     q, pk, pv, idx, cnt, lens = make_inputs(case, 7)
@@ -454,6 +489,10 @@ def test_bad_inputs_raise(fn, mutate, match):
 
 def test_kernel_specific_bad_inputs_raise():
     q, pk, pv, idx, cnt, _ = _valid()
+    with pytest.raises(ValueError, match="segments must agree"):
+        pbsa(q, (pk[:, :, :2], pk[:, :, 2:, :8]), pv, idx, cnt)
+    with pytest.raises(ValueError, match="same slots"):
+        pbsa(q, (pk[:, :, :2], pk[:, :, 2:]), (pv[:, :, :3], pv[:, :, 3:]), idx, cnt)
     with pytest.raises(ValueError, match="backend"):
         pbsa(q, pk, pv, idx, cnt, backend="cuda-magic")
     with pytest.raises(ValueError, match="divide"):

@@ -198,8 +198,8 @@ def dense_attention(
         # A sparse layout read densely (tests: sparse selecting every block): the memory does
         # not fill as a prefix, so every slot is read and the empty ones are masked.
         pool_k, pool_v, lengths, qr, angles = _with_chunk(q, k, v, cache, chunk_start, layout, rope)
-        pool_k = rotate_keys(pool_k, angles)
-        o, _ = _attend_pool(qr, pool_k, pool_v, lengths, q.shape[-1] ** -0.5)
+        pool_k = rotate_keys(_join(pool_k), angles)
+        o, _ = _attend_pool(qr, pool_k, _join(pool_v), lengths, q.shape[-1] ** -0.5)
         return o.astype(q.dtype), None
     full = c.sink_chunks + c.window_chunks
     level = jnp.clip(jnp.asarray(chunk_start) // c.chunk_frames, 0, full)
@@ -253,8 +253,10 @@ def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope)
     the rotated queries.
 
     Returns:
-      pool_k, pool_v (b, n, slots + chunk_blocks, bs, k): the cached keys as stored (spatial
-      RoPE only), then the chunk's keys fully rotated; int32 slot lengths (b, n, slots +
+      pool_k, pool_v: two segments, the cache's blocks (b, n, slots, bs, k) as stored (keys
+      with their spatial RoPE only) and the chunk's (b, n, chunk_blocks, bs, k) (keys fully
+      rotated), one pool of slots + chunk_blocks slots that PBSA reads without joining them
+      (`_join` for the XLA paths); int32 slot lengths (b, n, slots +
       chunk_blocks): valid leading tokens of each slot (0: empty; a frame's partial last block
       is shorter); q rotated (b, l, n, k); float32 key angles (b, n, slots + chunk_blocks, k/2)
       that complete each slot's rotation (`rotate_keys`, or PBSA's RoPE on read): the cached
@@ -263,8 +265,8 @@ def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope)
     """
     angles = rope(chunk_positions(chunk_start, layout))
     qr, kr = apply_rope(q, angles), apply_rope(k, angles)
-    pool_k = jnp.concatenate([cache.k.astype(q.dtype), to_blocks(kr, layout)], axis=2)
-    pool_v = jnp.concatenate([cache.v.astype(q.dtype), to_blocks(v, layout)], axis=2)
+    pool_k = (cache.k.astype(q.dtype), to_blocks(kr, layout))
+    pool_v = (cache.v.astype(q.dtype), to_blocks(v, layout))
     b, n = cache.frame.shape[:2]
     _, own_blocks = chunk_metadata(jnp.int32(0), layout)
     own = jnp.broadcast_to(block_lengths(own_blocks, layout), (b, n, layout.chunk_blocks))
@@ -274,6 +276,11 @@ def _with_chunk(q, k, v, cache: KVCache, chunk_start, layout: CacheLayout, rope)
         [cached, jnp.zeros((b, n, layout.chunk_blocks, cached.shape[-1]), cached.dtype)], axis=2
     )
     return pool_k, pool_v, lengths, qr, key_angles
+
+
+def _join(pool: Array | tuple[Array, ...]) -> Array:
+    """`_with_chunk`'s pool segments as one array (a copy of the cache: XLA paths only)."""
+    return jnp.concatenate(pool, axis=2) if isinstance(pool, tuple) else pool
 
 
 # -- sparse ---------------------------------------------------------------------------------------
@@ -378,8 +385,8 @@ def selected_backend(backend: str) -> str:
 
 def selected_attention(
     qr: Float[Array, "b l n k"],
-    pool_k: Float[Array, "b n slots bs k"],
-    pool_v: Float[Array, "b n slots bs k"],
+    pool_k: Array | tuple[Array, ...],
+    pool_v: Array | tuple[Array, ...],
     idx: Array,
     lengths: Array,
     layout: CacheLayout,
@@ -393,7 +400,7 @@ def selected_attention(
 
     Args:
       qr: (b, l, n, k) rotated queries; pool_k, pool_v, lengths, key_angles: the pool
-        `_with_chunk` builds.
+        `_with_chunk` builds (pools (b, n, slots, bs, k) or tuples of segments of one).
       idx: int32 (b, n, nq, s) pool slots per query tile, every entry valid.
       layout: the cache layout (its `query_tile`).
       scale: logit scale.
@@ -404,12 +411,11 @@ def selected_attention(
       bias: optional (b, n, nq, s) logit bias per listed slot; the gather path only (the PBSA
         kernels take none).
     """
-    if backend == "gather":
+    if backend == "gather":  # the XLA path reads one array
+        keys, values = _join(pool_k), _join(pool_v)
         if key_angles is not None:
-            pool_k = rotate_keys(pool_k, key_angles)
-        return gather_attention(
-            qr, pool_k, pool_v, idx, lengths, layout.query_tile, scale, bias=bias
-        )
+            keys = rotate_keys(keys, key_angles)
+        return gather_attention(qr, keys, values, idx, lengths, layout.query_tile, scale, bias=bias)
     if bias is not None:
         raise ValueError(f"the PBSA kernels take no logit bias (backend {backend!r})")
     if layout.config.dense_shared:
@@ -468,8 +474,11 @@ def _dense_shared(
             f"the chunk's own ({own}) slots; got {idx.shape[-1]} entries"
         )
 
+    def part(x):  # the sink's and the chunk's blocks of a pool, its segments or its angles
+        cache, chunk = x if isinstance(x, tuple) else (x[:, :, :slots], x[:, :, slots:])
+        return jnp.concatenate([cache[:, :, :sink], chunk], 2)
+
     def shared(pool, angles=None):  # the sink's and the chunk's whole frames: (b, tokens, n, k)
-        part = lambda x: jnp.concatenate([x[:, :, :sink], x[:, :, slots:]], 2)
         blocks = part(pool) if angles is None else rotate_keys(part(pool), part(angles))
         return _frame_tokens(blocks, layout)
 

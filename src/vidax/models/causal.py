@@ -48,7 +48,9 @@ class ForcingConfig:
       attention: "dense" (Self-Forcing: all cached tokens) or "sparse" (Sparse Forcing).
       block_size: tokens per KV block. Any size: a frame whose tokens it does not divide ends
         in a partial block (padded, its missing tokens masked), e.g. Wan 480p's 1560 tokens in
-        blocks of 64 = 24 full blocks and one of 24 tokens.
+        blocks of 64 = 24 full blocks and one of 24 tokens. On a TPU prefer a multiple of 16
+        (bf16's sublane tile): the PBSA kernel then copies blocks straight from the cache;
+        other sizes are padded to the tile, a copy of the cache every forward.
       memory_blocks: persistent-memory budget in blocks (sparse).
       local_topk: window blocks each query tile selects (sparse; at most the window's blocks).
       memory_topk: memory blocks each query tile selects (sparse; at most `memory_blocks`).

@@ -14,6 +14,12 @@ Index format (see `vidax.kernels.pbsa.index` for the details):
 One softmax runs over the union of the selected blocks, so selecting every block equals dense
 attention over the pool.
 
+Segments: `pool_k` and `pool_v` may each be a tuple of pools (same batch, heads, block size,
+head dim and dtype) read as their concatenation along the slots, never concatenated: a KV
+cache and the current chunk's own blocks are attended in one softmax without copying the cache
+every call. The TPU kernel copies each selected block from its segment (when blocks are
+tile-aligned: otherwise the wrapper joins and pads them); the other backends concatenate.
+
 RoPE on read: with `key_angles` `(b, n_kv, num_slots, k/2)` every key of slot `s` has its
 interleaved pairs rotated by `key_angles[..., s, :]` as the kernel reads it. A cache whose
 blocks change position while they sit in it (Sparse Forcing's time positions) stores them
@@ -58,6 +64,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
@@ -145,10 +152,13 @@ class _Static:
         return d.block_q // (bq or d.block_q)
 
 
+Pool = Float[Array, "b n_kv slots bs k"] | tuple[Float[Array, "b n_kv _ bs k"], ...]
+
+
 def pbsa(
     q: Float[Array, "b n l k"],
-    pool_k: Float[Array, "b n_kv slots bs k"],
-    pool_v: Float[Array, "b n_kv slots bs k"],
+    pool_k: Pool,
+    pool_v: Pool,
     block_idx: Int[Array, "b n_kv nq s"],
     block_cnt: Int[Array, "b n_kv nq"],
     *,
@@ -167,8 +177,9 @@ def pbsa(
 
     Args:
         q: queries `(b, n, l, k)`.
-        pool_k: key pool `(b, n_kv, num_slots, block_size, k)`.
-        pool_v: value pool, same shape.
+        pool_k: key pool `(b, n_kv, num_slots, block_size, k)`, or a tuple of segments whose
+            slots add up to `num_slots` (module docstring).
+        pool_v: value pool, same shape (and segments).
         block_idx: int `(b, n_kv, num_q_tiles, max_sel)` selected slots per query tile.
         block_cnt: int `(b, n_kv, num_q_tiles)` valid leading entries of `block_idx`.
         block_q: query rows per selection tile; None infers `l // num_q_tiles`.
@@ -190,11 +201,15 @@ def pbsa(
         ValueError: for inconsistent shapes or lists (see `check_inputs`), an unknown backend,
             or tiles the chosen backend cannot run.
     """
-    d = check_inputs(q, pool_k, pool_v, block_idx, block_cnt, block_q=block_q, slot_len=slot_len)
+    seg_k, seg_v = _segments(pool_k, "pool_k"), _segments(pool_v, "pool_v")
+    whole_k, whole_v = _joined_shape(seg_k), _joined_shape(seg_v)
+    d = check_inputs(q, whole_k, whole_v, block_idx, block_cnt, block_q=block_q, slot_len=slot_len)
+    if [x.shape[2] for x in seg_k] != [x.shape[2] for x in seg_v]:
+        raise ValueError("pool_k and pool_v must be cut into segments of the same slots")
     check_key_angles(key_angles, d)
     block_sizes = BlockSizes.get_default() if block_sizes is None else block_sizes
     backend = _resolve_backend(backend, interpret)
-    _check_tiles(d, block_sizes, backend, q.dtype, pool_k.dtype)
+    _check_tiles(d, block_sizes, backend, q.dtype, whole_k.dtype)
     static = _Static(
         dims=d,
         scale=float(d.k**-0.5 if scale is None else scale),
@@ -207,8 +222,45 @@ def pbsa(
         slot_len, b=d.b, n_kv=d.n_kv, num_slots=d.num_slots, block_size=d.block_size
     )
     angles = None if key_angles is None else key_angles.astype(jnp.float32)
-    out, lse = _pbsa(q, pool_k, pool_v, idx, cnt, lens, angles, static)
+    out, lse = _pbsa(q, seg_k, seg_v, idx, cnt, lens, angles, static)
     return (out, lse) if return_lse else out
+
+
+def _segments(pool, name: str) -> tuple[Array, ...]:
+    """A pool or a tuple of pool segments as a non-empty tuple of 5-D arrays that agree on
+    everything but their slots."""
+    segs = tuple(pool) if isinstance(pool, (tuple, list)) else (pool,)
+    if not segs or any(x.ndim != 5 for x in segs):
+        raise ValueError(f"{name} must be (b, n_kv, num_slots, block_size, k) or a tuple of such")
+    first = segs[0]
+    for x in segs[1:]:
+        if (
+            x.shape[:2] != first.shape[:2]
+            or x.shape[3:] != first.shape[3:]
+            or x.dtype != first.dtype
+        ):
+            raise ValueError(
+                f"{name} segments must agree on (b, n_kv, ., block_size, k) and dtype, got "
+                f"{[(x.shape, str(x.dtype)) for x in segs]}"
+            )
+    return segs
+
+
+def _joined_shape(segs: tuple[Array, ...]) -> jax.ShapeDtypeStruct:
+    b, n_kv, _, bs, k = segs[0].shape
+    slots = sum(x.shape[2] for x in segs)
+    return jax.ShapeDtypeStruct((b, n_kv, slots, bs, k), segs[0].dtype)
+
+
+def _join(segs: tuple[Array, ...]) -> Array:
+    """The segments as one pool (a copy when there are several)."""
+    return segs[0] if len(segs) == 1 else jnp.concatenate(segs, axis=2)
+
+
+def _split(pool: Array, like: tuple[Array, ...]) -> tuple[Array, ...]:
+    """Inverse of `_join`: the pool cut into segments of `like`'s slots."""
+    cuts = np.cumsum([x.shape[2] for x in like])[:-1]
+    return tuple(jnp.split(pool, cuts, axis=2))
 
 
 def _resolve_backend(backend: str, interpret: bool) -> str:
@@ -249,8 +301,9 @@ def _pbsa_fwd(q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
 
 
 def _pbsa_bwd(static: _Static, res, cotangents):
-    q, pool_k, pool_v, idx, cnt, lens, angles, out, lse = res
+    q, seg_k, seg_v, idx, cnt, lens, angles, out, lse = res
     d_out, d_lse = cotangents
+    pool_k, pool_v = _join(seg_k), _join(seg_v)
     if angles is not None:  # the keys attention saw; their gradient rotated back (R^T = R(-a))
         pool_k = rotate_keys(pool_k, angles)
     dq, dk, dv = pbsa_backward(
@@ -260,24 +313,23 @@ def _pbsa_bwd(static: _Static, res, cotangents):
     if angles is not None:
         dk = rotate_keys(dk, -angles)
         d_angles = jnp.zeros_like(angles)  # positions are not learned
-    return dq, dk, dv, None, None, None, d_angles
+    return dq, _split(dk, seg_k), _split(dv, seg_v), None, None, None, d_angles
 
 
 _pbsa.defvjp(_pbsa_fwd, _pbsa_bwd)
 
 
-def _forward(q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
+def _forward(q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
     d = static.dims
-    if angles is not None and static.backend != "tpu":
+    if static.backend == "tpu":
+        o, lse = _call_tpu(_rows(q, static), seg_k, seg_v, idx, cnt, lens, angles, static)
+        return _unrows(o, lse, q.dtype, static)
+    pool_k, pool_v = _join(seg_k), _join(seg_v)
+    if angles is not None:
         pool_k = rotate_keys(pool_k, angles)  # rotated in XLA, then read as stored
-        angles = None
     if static.backend == "reference":
         return _attend(q, pool_k, pool_v, idx, cnt, lens, d, static.scale)
-    rows_q = _rows(q, static)
-    if static.backend == "tpu":
-        o, lse = _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static)
-    else:
-        o, lse = _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static)
+    o, lse = _call_triton(_rows(q, static), pool_k, pool_v, idx, cnt, lens, static)
     return _unrows(o, lse, q.dtype, static)
 
 
@@ -334,20 +386,22 @@ def _rotation_rows(angles: Array) -> tuple[Array, Array]:
     return lanes(cos), lanes(sin) * sign.reshape((1,) * (angles.ndim - 1) + (-1,))
 
 
-def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
+def _call_tpu(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
     d = static.dims
     b, n_kv, n_prog, rows, k = rows_q.shape
     # Sublane-align the rows (8 for 32-bit, 16 for 16-bit dtypes); padded rows are dropped.
     align = 8 * (4 // jnp.dtype(rows_q.dtype).itemsize)
     rows_p = -(-rows // align) * align
     rows_q = _pad_rows(rows_q, rows_p)
-    steps, stride = _tpu_steps(d, static.block_sizes.block_kv, pool_k.dtype)
+    dtype = seg_k[0].dtype
+    steps, stride = _tpu_steps(d, static.block_sizes.block_kv, dtype)
     if stride != d.block_size:
         # Mosaic copies whole sublane tiles only: pad each block to its stride (zeros, masked
-        # by the slot lengths). One extra pass over the pool (a pool built at the padded stride
-        # would spare it).
+        # by the slot lengths). One extra pass over the pool, segments joined on the way (a
+        # pool built at a tile-aligned block size, e.g. 64 rather than 60, is read in place).
         pad = [(0, 0)] * 3 + [(0, stride - d.block_size), (0, 0)]
-        pool_k, pool_v = jnp.pad(pool_k, pad), jnp.pad(pool_v, pad)
+        seg_k, seg_v = (jnp.pad(_join(seg_k), pad),), (jnp.pad(_join(seg_v), pad),)
+    seg_starts = tuple(int(x) for x in np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1])
     rotate = angles is not None
     kernel = functools.partial(
         _pbsa_tpu_kernel,
@@ -357,6 +411,7 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
         num_q_tiles=d.num_q_tiles,
         q_split=static.q_split,
         rotate=rotate,
+        seg_starts=seg_starts,
     )
     rotation_specs, rotation_args = [], []
     if rotate:
@@ -390,8 +445,7 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
                 memory_space=pltpu.SMEM,
             ),
             pl.BlockSpec((None, None, None, rows_p, k), row_map),
-            pl.BlockSpec(memory_space=pl.ANY),
-            pl.BlockSpec(memory_space=pl.ANY),
+            *[pl.BlockSpec(memory_space=pl.ANY)] * (2 * len(seg_k)),
             *rotation_specs,
         ],
         out_specs=[
@@ -399,8 +453,8 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
             pl.BlockSpec((None, None, None, rows_p, 1), row_map),
         ],
         scratch_shapes=[
-            pltpu.VMEM((2, steps * stride, k), pool_k.dtype),
-            pltpu.VMEM((2, steps * stride, k), pool_v.dtype),
+            pltpu.VMEM((2, steps * stride, k), dtype),
+            pltpu.VMEM((2, steps * stride, k), seg_v[0].dtype),
             pltpu.SemaphoreType.DMA((2, 2)),
         ],
     )
@@ -423,8 +477,8 @@ def _call_tpu(rows_q, pool_k, pool_v, idx, cnt, lens, angles, static: _Static):
         idx[:, :, :, None],
         lens[:, :, None],
         rows_q,
-        pool_k,
-        pool_v,
+        *seg_k,
+        *seg_v,
         *rotation_args,
     )
     return o, lse[..., 0]
@@ -455,8 +509,6 @@ def _pbsa_tpu_kernel(
     idx_ref,
     len_ref,
     q_ref,
-    k_hbm_ref,
-    v_hbm_ref,
     *refs,
     scale: float,
     steps: int,
@@ -464,7 +516,10 @@ def _pbsa_tpu_kernel(
     num_q_tiles: int,
     q_split: int,
     rotate: bool,
+    seg_starts: tuple[int, ...],
 ):
+    n_seg = len(seg_starts)
+    k_hbm_refs, v_hbm_refs, refs = refs[:n_seg], refs[n_seg : 2 * n_seg], refs[2 * n_seg :]
     if rotate:
         cos_ref, sin_ref = refs[:2]
     o_ref, lse_ref, k_scratch_ref, v_scratch_ref, sem_scratch_ref = refs[2 * rotate :]
@@ -476,12 +531,20 @@ def _pbsa_tpu_kernel(
         # Past the count, repeat the last valid slot: in bounds, and masked out below.
         return jnp.minimum(step * steps + u, cnt - 1)
 
-    def copies(step, buf):
+    def copies(step, buf, seg=0, units=None):
+        """The step's block copies (of blocks `units`, default all) from segment `seg`
+        (slots outside it clamped into it)."""
         out = []
-        for u in range(steps):
-            slot = idx_ref[0, entry(step, u)]
+        lo = seg_starts[seg]
+        hi = seg_starts[seg + 1] if seg + 1 < n_seg else None
+        for u in range(steps) if units is None else units:
+            slot = idx_ref[0, entry(step, u)] - lo
+            slot = jnp.maximum(slot, 0) if hi is None else jnp.clip(slot, 0, hi - lo - 1)
             rows = pl.ds(u * stride, stride)
-            for src, dst, kind in ((k_hbm_ref, k_scratch_ref, 0), (v_hbm_ref, v_scratch_ref, 1)):
+            for src, dst, kind in (
+                (k_hbm_refs[seg], k_scratch_ref, 0),
+                (v_hbm_refs[seg], v_scratch_ref, 1),
+            ):
                 out.append(
                     pltpu.make_async_copy(
                         src.at[b, h, slot], dst.at[buf, rows], sem_scratch_ref.at[kind, buf]
@@ -489,10 +552,28 @@ def _pbsa_tpu_kernel(
                 )
         return out
 
+    def start(step, buf):
+        if n_seg == 1:
+            for c in copies(step, buf):
+                c.start()
+            return
+        # Each block comes from the segment holding its slot; the waits below count bytes, so
+        # any segment's descriptors of the same shape wait for them.
+        for u in range(steps):
+            slot = idx_ref[0, entry(step, u)]
+            for seg in range(n_seg):
+                inside = slot >= seg_starts[seg]
+                if seg + 1 < n_seg:
+                    inside &= slot < seg_starts[seg + 1]
+
+                @pl.when(inside)
+                def _start(seg=seg, u=u):
+                    for c in copies(step, buf, seg, units=(u,)):
+                        c.start()
+
     @pl.when(cnt > 0)
     def _prefetch_first():
-        for c in copies(0, 0):
-            c.start()
+        start(0, 0)
 
     q = q_ref[...]
     rows = q.shape[0]
@@ -507,8 +588,7 @@ def _pbsa_tpu_kernel(
 
         @pl.when(step + 1 < num_steps)
         def _prefetch_next():
-            for c in copies(step + 1, 1 - buf):
-                c.start()
+            start(step + 1, 1 - buf)
 
         for c in copies(step, buf):
             c.wait()
