@@ -85,6 +85,7 @@ BACKENDS = ("auto", "tpu", "triton", "reference")
 # queries run as one program reading its frame's selected blocks once (on a v5e at 30% of the
 # blocks: 3.83 ms against 4.36 ms as 4 programs of 390 rows, docs/sparse_forcing.md).
 TPU_MAX_ROWS = 1600
+TPU_VMEM_LIMIT = 48 * 2**20  # scoped VMEM a program may use (the compiler's default: 16 MiB)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -466,7 +467,11 @@ def _call_tpu(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
             jax.ShapeDtypeStruct((b, n_kv, n_prog, rows_p, 1), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel")
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            # A program of 1,560 rows holds (rows, block_kv) float32 logits and probabilities:
+            # with the rotation rows the default 16 MiB scope was 0.2 MiB short (v5e, Wan
+            # 480p); VMEM is 128 MiB on v5e/v6e, 64 MiB on v7x.
+            vmem_limit_bytes=TPU_VMEM_LIMIT,
         ),
         # The TPU interpreter models DMAs and semaphores and fills fresh buffers with NaN, so
         # a read of a block that was never copied would show up in the tests.
