@@ -88,7 +88,7 @@ def test_smoke_run_measures_every_section(tmp_path):
     # dense_shared ran (through PBSA's reference here) and timed its attention.
     assert decode["sparse_shared_ms"] > 0 and decode["speedup_shared"] > 0
     assert decode["shared_selected_attn_ms"] > 0
-    assert decode["pool_ms"] > 0 and decode["shared_pool_ms"] > 0
+    assert decode["selected_kernel_ms"] > 0 and decode["shared_selected_kernel_ms"] > 0
     # The selected branch with RoPE on read equals it with the pool rotated first (bf16): on a
     # TPU the kernel rotates in VMEM, a wrong lane swap or angle would be off by O(1).
     assert decode["selected_rotate_first_ms"] > 0 and decode["rotation_ms"] > 0
