@@ -69,9 +69,8 @@ from vidax.forcing.attention import (
     time_angles,
 )
 from vidax.forcing.rollout import chunk_velocity, write_clean
-from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference
+from vidax.kernels.pbsa import BlockSizes, pbsa, pbsa_reference, rotate_keys
 from vidax.kernels.pbsa.kernel import TPU_MAX_ROWS
-from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.models import wan, wan_vae
 from vidax.models.registry import ModelSpec, get, get_causal
 from vidax.nn.attention import _device as attention_device

@@ -27,9 +27,8 @@ from vidax.forcing.attention import (
     time_angles,
 )
 from vidax.forcing.cache import chunk_metadata, slot_lengths, time_positions, to_blocks
-from vidax.kernels.pbsa import pbsa, pbsa_reference
+from vidax.kernels.pbsa import pbsa, pbsa_reference, rotate_keys
 from vidax.kernels.pbsa.index import iota_below
-from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.nn import apply_rope
 from vidax.nn.ring_attention import splash_block
 from vidax.nn.rope import wan_axes_dims

@@ -29,11 +29,11 @@ from vidax.kernels.pbsa import (
     gather_blocks,
     pbsa,
     pbsa_reference,
+    rotate_keys,
     selection_from_mask,
     selection_mask,
     update_pool,
 )
-from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.nn import attention
 
 F32_TOL = 1e-5

@@ -57,9 +57,8 @@ from vidax.forcing.cache import (
     time_positions,
     to_blocks,
 )
-from vidax.kernels.pbsa import block_means, pbsa
+from vidax.kernels.pbsa import block_means, pbsa, rotate_keys
 from vidax.kernels.pbsa.index import iota_below
-from vidax.kernels.pbsa.reference import rotate_keys
 from vidax.models.causal import CacheLayout
 from vidax.nn import apply_rope, rope_angles, video_positions
 from vidax.nn.attention import attention
