@@ -23,7 +23,7 @@ tile-aligned: otherwise the wrapper joins and pads them); the other backends con
 RoPE on read: with `key_angles` `(b, n_kv, num_slots, k/2)` every key of slot `s` has its
 interleaved pairs rotated by `key_angles[..., s, :]` as the kernel reads it. A cache whose
 blocks change position while they sit in it (Sparse Forcing's time positions) stores them
-unrotated and is never rewritten: the TPU kernel rotates each copied block in VMEM, one
+rotated by the part of their position that does not move, and is never rewritten: the TPU kernel rotates each copied block in VMEM, one
 `(1, k)` cos/sin row per slot; the Triton and reference backends rotate the pool in XLA first.
 
 How the kernels run: the wrapper sorts and de-duplicates the lists (`canonicalize_selection`)
