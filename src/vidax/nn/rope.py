@@ -74,13 +74,7 @@ def rotate_pairs(
         have (a TPU pads a size-1 axis in front of k to a full tile: a per-head cache of
         blocks reshaped to (b * n, tokens, 1, k) took 1.3x the time and 1.5x the memory).
     """
-    return rotate_by(x, jnp.cos(angles), jnp.sin(angles))
-
-
-def rotate_by(
-    x: Float[Array, "... k"], cos: Float[Array, "... k/2"], sin: Float[Array, "... k/2"]
-) -> Float[Array, "... k"]:
-    """`rotate_pairs` from the angles' cos and sin (however they were built), in float32."""
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
     pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
     x1, x2 = pairs[..., 0], pairs[..., 1]
     out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
