@@ -13,6 +13,7 @@ Sparse weights ship only if `trained` beats `free` on the long rollouts (4x and 
 consistency and flicker (whole rollout) no worse in both, better in at least one.
 
     JAX_PLATFORMS=cpu python benchmarks/sparse_training_gate.py --sparse runs/x/sparse/weights.safetensors
+    python benchmarks/sparse_training_gate.py --models dense,free --prompts 16 --lengths 4x,12x
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-causal")
     p.add_argument("--dense", default=None, help="dense weights (default: the shipped ones)")
-    p.add_argument("--sparse", required=True, help="candidate sparse weights")
+    p.add_argument("--sparse", default=None, help="candidate sparse weights (the trained row)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--short-chunks", type=int, default=7)
     p.add_argument("--lengths", default="short,4x,12x")
+    p.add_argument("--seed", type=int, default=2, help="noise key of the rollouts")
     p.add_argument(
         "--models", default="dense,free,trained", help="rows to run (dense, free, trained)"
     )
@@ -91,14 +93,19 @@ def main() -> None:
         "free": (dense, preset.forcing("sparse")),
     }
     if "trained" in wanted:
+        if args.sparse is None:
+            raise SystemExit("the trained row needs --sparse FILE (or --models dense,free)")
         rows["trained"] = (load(args.sparse, spec.config), preset.forcing("sparse"))
     rows = {name: row for name, row in rows.items() if name in wanted}
     vae = load_vae(spec, None)
     prompts = _prompts(args.prompts)
     text = embed_prompts(spec, [q.caption for q in prompts])
     context = text.embeds * text.mask[..., None].astype(text.embeds.dtype)
-    print(f"# sparse training gate: {preset.name}, {len(prompts)} prompts")
-    print(f"#   dense weights {dense_path}; candidate sparse weights {args.sparse}")
+    print(f"# sparse training gate: {preset.name}, {len(prompts)} prompts, noise key {args.seed}")
+    print(
+        f"#   dense weights {dense_path}"
+        + (f"; trained sparse weights {args.sparse}" if "trained" in rows else "")
+    )
     print("mean over prompts; whole rollout | last quarter")
     print(f"{'length':6s} {'model':8s}" + "".join(f"{m:>28s}" for m in METRICS))
     results: dict[str, dict] = {name: {} for name in rows}
@@ -108,7 +115,7 @@ def main() -> None:
             start = time.time()
             layout = model.layout(forcing, (h, w))
             lat = generate_latents(
-                model, jax.random.key(2), context, layout, n, latent_hw=(h, w), channels=c
+                model, jax.random.key(args.seed), context, layout, n, latent_hw=(h, w), channels=c
             )
             frames = np.asarray(vae.decode(lat))
             whole = [_scores(frames[i], q.caption) for i, q in enumerate(prompts)]
