@@ -385,7 +385,36 @@ def test_kernel_rotates_keys_on_read(case, block_sizes, backend, seed):
     assert float(jnp.abs(plain - want).max()) > 0.1
 
 
-@pytest.mark.parametrize("backend", ["tpu", "reference"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "case,block_sizes",
+    [(GQA_RAGGED, None), (FRAME_60, BlockSizes(block_kv=256))],
+    ids=["gqa_ragged", "frame_60_steps"],
+)
+def test_kernel_rotates_keys_on_read_bf16(backend, case, block_sizes):
+    """In bf16 the kernels round where the reference does not (the TPU kernel the rotated
+    block, the Triton kernel the rotated query): still within the bf16 bound of the spec
+    computed in float32 on the same values."""
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 13, jnp.bfloat16)
+    angles = _key_angles(case, 13)
+    out, lse = kernel_fn(case, backend, block_sizes)(
+        q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles
+    )
+    assert out.dtype == jnp.bfloat16
+    f32 = [x.astype(jnp.float32) for x in (q, pk, pv)]
+    want, want_lse = reference_fn(case.block_q)(*f32, idx, cnt, slot_len=lens, key_angles=angles)
+    got, want = np.asarray(out, np.float32), np.asarray(want)
+    scale = np.abs(want).max()
+    # One more bf16 rounding of a rotated operand (relative 2**-9) on logits of a few units:
+    # measured 2.8e-3 - 3.6e-3 of the output scale here, 2.5e-3 on a v5e (docs/sparse_forcing.md).
+    bound = 5e-3 * scale + np.abs(want) * 2.0**-8
+    assert (np.abs(got - want) <= bound).all(), np.abs(got - want).max() / scale
+    plain, _ = reference_fn(case.block_q)(*f32, idx, cnt, slot_len=lens)
+    assert (np.abs(got - np.asarray(plain)) > bound).any()  # the rotation is not negligible
+    assert_lse_close(lse, want_lse, 1e-2)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "triton", "reference"])
 def test_rotated_read_gradients_are_those_of_the_rotated_pool(backend):
     """The pool's gradient under RoPE on read is the rotated pool's, rotated back."""
     case = GQA_RAGGED
@@ -736,6 +765,44 @@ def test_triton_kernel_lowers_for_cuda_at_wan_480p(n_kv):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     ((grad_params, _),) = _triton_calls(grad.trace(*args).lower(lowering_platforms=("cuda",)))
     assert grad_params == params
+
+
+def test_triton_kernel_reads_segments_and_rotates_in_place_for_cuda():
+    """At Wan 480p sizes, a pool given as (cache, chunk) segments with RoPE on read lowers for
+    CUDA to the one Triton kernel with nothing pool-sized around it: no concatenated pool, no
+    rotated copy. Inside, each selected block is one masked 64-key window load per segment
+    (key and value), and the query rows are rotated by the block's cos/sin row (two 1 x 128
+    float32 loads) before the first dot.
+
+    Fails if the wrapper joins or rotates the pool in XLA again (an op producing a pool-sized
+    tensor), or if the kernel loads the segments unmasked or skips the rotation."""
+    shapes = {**WAN_480P, "max_sel": 124}
+    q, pk, _, idx, cnt, lens = _abstract_args(jnp.bfloat16, block_q=1560, **shapes)
+    b, n_kv, slots, bs, k = pk.shape
+    chunk = 3 * 26  # the chunk's own blocks: the second segment
+    cache = jax.ShapeDtypeStruct((b, n_kv, slots - chunk, bs, k), jnp.bfloat16)
+    own = jax.ShapeDtypeStruct((b, n_kv, chunk, bs, k), jnp.bfloat16)
+    angles = jax.ShapeDtypeStruct((b, n_kv, slots, k // 2), jnp.float32)
+    f = _sparse_forcing_call("triton", block_q=1560)
+    call = lambda q, ck, ok, cv, ov, idx, cnt, lens, a: f(
+        q, (ck, ok), (cv, ov), idx, cnt, lens, key_angles=a
+    )
+    lowered = (
+        jax.jit(call)
+        .trace(q, cache, own, cache, own, idx, cnt, lens, angles)
+        .lower(lowering_platforms=("cuda",))
+    )
+    ((_, ttir),) = _triton_calls(lowered)
+    text = lowered.as_text()
+    for pool in (f"{b}x{n_kv}x{slots}x{bs}x{k}", f"{b}x{n_kv}x{slots * bs}x{k}"):
+        assert f"tensor<{pool}x" not in text, pool  # no joined (or rotated) pool anywhere
+    window = r"tensor<64x128x!tt\.ptr<bf16>>"
+    masked = re.findall(rf"tt\.load %\S+, %\S+, %\S+ : {window}", ttir)
+    assert len(masked) == 4, ttir.count("tt.load")  # (cache, chunk) x (keys, values)
+    assert not re.findall(rf"tt\.load %\S+ : {window}", ttir)  # no unmasked window load
+    assert len(re.findall(r"tt\.load \S+ : tensor<1x128x!tt\.ptr<f32>>", ttir)) == 2
+    dots = re.findall(r"tt\.dot .*: (tensor<\S+>) \* (tensor<\S+>) -> (tensor<\S+>)", ttir)
+    assert dots[0] == ("tensor<128x128xbf16>", "tensor<128x64xbf16>", "tensor<128x64xf32>")
 
 
 def test_slot_lengths_past_the_block_are_the_block():

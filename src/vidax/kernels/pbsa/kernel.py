@@ -18,13 +18,18 @@ Segments: `pool_k` and `pool_v` may each be a tuple of pools (same batch, heads,
 head dim and dtype) read as their concatenation along the slots, never concatenated: a KV
 cache and the current chunk's own blocks are attended in one softmax without copying the cache
 every call. The TPU kernel copies each selected block from its segment (when blocks are
-tile-aligned: otherwise the wrapper joins and pads them); the other backends concatenate.
+tile-aligned: otherwise the wrapper joins and pads them); the Triton kernel loads it from its
+segment (one masked load per segment, only the slot's own touching memory); the reference
+concatenates.
 
 RoPE on read: with `key_angles` `(b, n_kv, num_slots, k/2)` every key of slot `s` has its
 interleaved pairs rotated by `key_angles[..., s, :]` as the kernel reads it. A cache whose
 blocks change position while they sit in it (Sparse Forcing's time positions) stores them
-rotated by the part of their position that does not move, and is never rewritten: the TPU kernel rotates each copied block in VMEM, one
-`(1, k)` cos/sin row per slot; the Triton and reference backends rotate the pool in XLA first.
+rotated by the part of their position that does not move, and is never rewritten. The TPU
+kernel rotates each copied block in VMEM, one `(1, k)` cos/sin row per slot; the Triton kernel
+rotates the query rows instead, per block (`q . R(a) k = R(-a) q . k`: two multiply-adds with
+the pair-swapped query, which comes in beside it, so no lane shuffle in the loop); the
+reference rotates the pool in XLA first.
 
 How the kernels run: the wrapper sorts and de-duplicates the lists (`canonicalize_selection`)
 and folds the query heads of a KV head into the rows of one program, so each program handles
@@ -325,13 +330,13 @@ def _forward(q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
     if static.backend == "tpu":
         o, lse = _call_tpu(_rows(q, static), seg_k, seg_v, idx, cnt, lens, angles, static)
         return _unrows(o, lse, q.dtype, static)
+    if static.backend == "triton":
+        o, lse = _call_triton(_rows(q, static), seg_k, seg_v, idx, cnt, lens, angles, static)
+        return _unrows(o, lse, q.dtype, static)
     pool_k, pool_v = _join(seg_k), _join(seg_v)
     if angles is not None:
         pool_k = rotate_keys(pool_k, angles)  # rotated in XLA, then read as stored
-    if static.backend == "reference":
-        return _attend(q, pool_k, pool_v, idx, cnt, lens, d, static.scale)
-    o, lse = _call_triton(_rows(q, static), pool_k, pool_v, idx, cnt, lens, static)
-    return _unrows(o, lse, q.dtype, static)
+    return _attend(q, pool_k, pool_v, idx, cnt, lens, d, static.scale)
 
 
 def _rows(q: Array, static: _Static) -> Array:
@@ -643,42 +648,53 @@ def _pbsa_tpu_kernel(
 # ----------------------------------------------------------------------------- GPU (Triton)
 
 
-def _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
+def _call_triton(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
     d = static.dims
     b, n_kv, n_prog, rows, k = rows_q.shape
     rows_p = max(16, pl.next_power_of_2(rows))
     rows_q = _pad_rows(rows_q, rows_p)
     window = _triton_window(d.block_size)
-    flat = d.num_slots * d.block_size
-    pool_k = pool_k.reshape(b, n_kv, flat, k)
-    pool_v = pool_v.reshape(b, n_kv, flat, k)
-    if flat < window:  # a pool smaller than one window (tiny tests): pad it, it costs nothing
-        pad = ((0, 0), (0, 0), (0, window - flat), (0, 0))
-        pool_k, pool_v = jnp.pad(pool_k, pad), jnp.pad(pool_v, pad)
-        flat = window
+
+    def flat(seg):  # (b, n_kv, slots, bs, k) -> (b, n_kv, slots * bs, k), at least one window
+        x = seg.reshape(b, n_kv, -1, k)
+        if x.shape[2] < window:  # a segment smaller than one window (tiny tests): pad it
+            x = jnp.pad(x, ((0, 0), (0, 0), (0, window - x.shape[2]), (0, 0)))
+        return x
+
+    flat_k, flat_v = [flat(x) for x in seg_k], [flat(x) for x in seg_v]
+    firsts = tuple(int(c) for c in np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1])
     kernel = functools.partial(
         _pbsa_triton_kernel,
         scale=static.scale,
         block_size=d.block_size,
         window=window,
-        flat=flat,
+        segments=tuple(
+            (first, x.shape[2], f.shape[2])
+            for first, x, f in zip(firsts, seg_k, flat_k, strict=True)
+        ),
+        rotate=angles is not None,
         max_sel=d.max_sel,
         num_slots=d.num_slots,
         num_q_tiles=d.num_q_tiles,
         q_split=static.q_split,
     )
+    q_spec = pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0))
+    per_head = lambda x: pl.BlockSpec((None, None, *x.shape[2:]), lambda b, h, i: (b, h, 0, 0))
+    scalars = [pl.BlockSpec(memory_space=pl.ANY)] * 3
+    operands = [rows_q, *flat_k, *flat_v, idx.reshape(-1), cnt.reshape(-1), lens.reshape(-1)]
+    in_specs = [q_spec, *map(per_head, flat_k), *map(per_head, flat_v), *scalars]
+    if angles is not None:
+        # q . R(a) k = R(-a) q . k: the kernel rotates the query tile by each block's angles
+        # (two multiply-adds on its rows, no lane shuffle: the pair-swapped query comes in
+        # beside it) instead of rotating the block's keys.
+        cos, sin = _rotation_rows(angles)
+        operands += [_swap_pairs(rows_q), cos, sin]
+        in_specs += [q_spec, per_head(cos), per_head(sin)]
     bsz = static.block_sizes
     o, lse = pl.pallas_call(
         kernel,
         grid=(b, n_kv, n_prog),
-        in_specs=[
-            pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0)),
-            pl.BlockSpec((None, None, flat, k), lambda b, h, i: (b, h, 0, 0)),
-            pl.BlockSpec((None, None, flat, k), lambda b, h, i: (b, h, 0, 0)),
-            pl.BlockSpec(memory_space=pl.ANY),
-            pl.BlockSpec(memory_space=pl.ANY),
-            pl.BlockSpec(memory_space=pl.ANY),
-        ],
+        in_specs=in_specs,
         out_specs=[
             pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0)),
             pl.BlockSpec((None, None, None, rows_p), lambda b, h, i: (b, h, i, 0)),
@@ -692,15 +708,13 @@ def _call_triton(rows_q, pool_k, pool_v, idx, cnt, lens, static: _Static):
         ),
         interpret=static.interpret,
         name="pbsa_triton",
-    )(
-        rows_q,
-        pool_k,
-        pool_v,
-        idx.reshape(-1),
-        cnt.reshape(-1),
-        lens.reshape(-1),
-    )
+    )(*operands)
     return o, lse
+
+
+def _swap_pairs(x: Array) -> Array:
+    """Lanes 2j and 2j + 1 of the last axis exchanged."""
+    return x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)
 
 
 def _triton_window(block_size: int) -> int:
@@ -710,24 +724,28 @@ def _triton_window(block_size: int) -> int:
 
 
 def _pbsa_triton_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    idx_ref,
-    cnt_ref,
-    len_ref,
-    o_ref,
-    lse_ref,
-    *,
+    *refs,
     scale: float,
     block_size: int,
     window: int,
-    flat: int,
+    segments: tuple[tuple[int, int, int], ...],
+    rotate: bool,
     max_sel: int,
     num_slots: int,
     num_q_tiles: int,
     q_split: int,
 ):
+    """One program: `rows` query rows against its tile's selected blocks.
+
+    `refs`: the query rows, the flattened key segments, the value segments, the lists, counts
+    and slot lengths (flat, in HBM), then with `rotate` the pair-swapped query rows and the
+    per-slot cos / signed-sin lane rows; then the output and the log-sum-exp. `segments`:
+    (first slot, slots, flattened rows) of each pool segment."""
+    nseg = len(segments)
+    q_ref, refs = refs[0], refs[1:]
+    k_refs, v_refs, refs = refs[:nseg], refs[nseg : 2 * nseg], refs[2 * nseg :]
+    idx_ref, cnt_ref, len_ref, *rest = refs
+    o_ref, lse_ref = rest[-2:]
     b, h, tile = _program_tile(num_q_tiles, q_split)
     n_kv = pl.num_programs(1)
     cnt = cnt_ref[tile]
@@ -735,27 +753,58 @@ def _pbsa_triton_kernel(
     len_base = (b * n_kv + h) * num_slots
     q = q_ref[...]
     rows = q.shape[0]
+    query_for = lambda slot: q
+    if rotate:  # R(-a) q for the block's angle a (q . R(a) k = R(-a) q . k)
+        qs_ref, cos_ref, sin_ref = rest[:3]
+        q32, qs32 = q.astype(jnp.float32), qs_ref[...].astype(jnp.float32)
+
+        def query_for(slot):
+            row = pl.ds(slot, 1)
+            return (q32 * cos_ref[row, :] - qs32 * sin_ref[row, :]).astype(q.dtype)
+
     # exp2 is the native instruction: fold log2(e) into the scale, convert back for the LSE.
     qk_scale = scale * math.log2(math.e)
     tok = jnp.arange(window, dtype=jnp.int32)
 
+    def window_of(slot, lim, first, slots, flat):
+        """(start row, valid-token mask) of `slot`'s keys in a segment of `flat` rows."""
+        begin = (slot - first) * block_size
+        if window == block_size:  # the block is a power-of-two tile: read it as is
+            return begin, tok < lim
+        # A window of `window` keys holding the block, moved back at the end of the segment
+        # so the read stays in bounds; keys outside the block's valid tokens are masked.
+        start = jnp.minimum(begin, flat - window)
+        off = begin - start
+        return start, (tok >= off) & (tok < off + lim)
+
+    def read(slot, lim):
+        """The block's key and value windows and their valid-token mask."""
+        if nseg == 1:
+            start, ok = window_of(slot, lim, *segments[0])
+            keys = pl.ds(start, window)
+            return k_refs[0][keys, :], v_refs[0][keys, :], ok
+
+        # Several segments: one masked load per segment, only the slot's own touches memory.
+        def load(first, slots, flat, k_ref, v_ref):
+            here = (slot >= first) & (slot < first + slots)
+            start, ok = window_of(jnp.clip(slot, first, first + slots - 1), lim, first, slots, flat)
+            keys = pl.ds(start, window)
+            mask = jnp.broadcast_to(here, (window, k_ref.shape[-1]))
+            k = plgpu.load(k_ref.at[keys, :], mask=mask, other=0)
+            v = plgpu.load(v_ref.at[keys, :], mask=mask, other=0)
+            return here, k, v, ok & here
+
+        loads = [load(*g, kr, vr) for g, kr, vr in zip(segments, k_refs, v_refs, strict=True)]
+        _, k, v, ok = loads[0]
+        for here, k_i, v_i, ok_i in loads[1:]:
+            k, v, ok = jnp.where(here, k_i, k), jnp.where(here, v_i, v), ok | ok_i
+        return k, v, ok
+
     def body(j, carry):
         acc, m_prev, l_prev = carry
         slot = idx_ref[list_base + j]
-        lim = len_ref[len_base + slot]
-        begin = slot * block_size
-        if window == block_size:  # the block is a power-of-two tile: read it as is
-            start, ok = begin, tok < lim
-        else:
-            # A window of `window` keys holding the block, moved back at the end of the pool so
-            # the read stays in bounds; keys outside the block's valid tokens are masked.
-            start = jnp.minimum(begin, flat - window)
-            off = begin - start
-            ok = (tok >= off) & (tok < off + lim)
-        keys = pl.ds(start, window)
-        k = k_ref[keys, :]
-        v = v_ref[keys, :]
-        s = plgpu.dot(q, k, trans_b=True) * qk_scale
+        k, v, ok = read(slot, len_ref[len_base + slot])
+        s = plgpu.dot(query_for(slot), k, trans_b=True) * qk_scale
         s = jnp.where(ok[None, :], s, -jnp.inf)
         m_next = jnp.maximum(m_prev, s.max(axis=-1))
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
