@@ -131,6 +131,21 @@ def main() -> None:
                 for m in METRICS
             )
             print(f"{length:6s} {name:8s}{cells}  ({time.time() - start:.0f} s)", flush=True)
+    if "12x" in args.lengths.split(",") and "dense" in rows:
+        # Issue 18's quality target: at 12x, subject consistency and flicker no worse than
+        # dense, better in the last quarter.
+        print(
+            "\n12x against dense (issue 18: no worse over the whole rollout, better in its last quarter):"
+        )
+        for name in (n for n in rows if n != "dense"):
+            cells = []
+            for m, hi in (("subject_consistency", True), ("temporal_flicker", False)):
+                for part in ("whole", "last"):
+                    got, ref = results[name][("12x", part)][m], results["dense"][("12x", part)][m]
+                    better, worse = (got > ref, got < ref) if hi else (got < ref, got > ref)
+                    verdict = "better" if better else ("worse" if worse else "equal")
+                    cells.append(f"{m} {part} {got:.5f} vs {ref:.5f} {verdict}")
+            print(f"  {name:8s}" + "; ".join(cells))
     if {"4x", "12x"} <= set(args.lengths.split(",")) and {"free", "trained"} <= set(rows):
         verdict = beats(results["trained"], results["free"])
         print(f"\ntrained beats training-free on the long rollouts: {'yes' if verdict else 'no'}")
