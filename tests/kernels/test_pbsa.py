@@ -372,6 +372,9 @@ def test_kernel_rotates_keys_on_read(case, block_sizes, backend, seed):
     kernel rotates each copied block in VMEM (one unpadded block a step, or several at a
     padded stride), the others in XLA. Far from the unrotated pool: the rotation happened."""
     q, pk, pv, idx, cnt, lens = make_inputs(case, seed)
+    # Every tile lists the full slot 0 first, so that a skipped rotation cannot hide behind
+    # draws in which nothing is attended (all-zero outputs either way).
+    idx, cnt = idx.at[..., 0].set(0), jnp.maximum(cnt, 1)
     angles = _key_angles(case, seed)
     f = kernel_fn(case, backend, block_sizes)
     out, lse = f(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)

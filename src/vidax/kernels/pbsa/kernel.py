@@ -756,11 +756,12 @@ def _pbsa_triton_kernel(
     query_for = lambda slot: q
     if rotate:  # R(-a) q for the block's angle a (q . R(a) k = R(-a) q . k)
         qs_ref, cos_ref, sin_ref = rest[:3]
-        q32, qs32 = q.astype(jnp.float32), qs_ref[...].astype(jnp.float32)
+        qs = qs_ref[...]  # kept in q's dtype across the loop (float32 copies would spill)
 
         def query_for(slot):
-            row = pl.ds(slot, 1)
-            return (q32 * cos_ref[row, :] - qs32 * sin_ref[row, :]).astype(q.dtype)
+            row, f32 = pl.ds(slot, 1), jnp.float32
+            rot = q.astype(f32) * cos_ref[row, :] - qs.astype(f32) * sin_ref[row, :]
+            return rot.astype(q.dtype)
 
     # exp2 is the native instruction: fold log2(e) into the scale, convert back for the LSE.
     qk_scale = scale * math.log2(math.e)
