@@ -370,7 +370,8 @@ def _key_angles(case: Case, seed: int):
 def test_kernel_rotates_keys_on_read(case, block_sizes, backend, seed):
     """`key_angles` = the reference over the pool rotated first (`rotate_keys`): the TPU
     kernel rotates each copied block in VMEM (one unpadded block a step, or several at a
-    padded stride), the others in XLA. Far from the unrotated pool: the rotation happened."""
+    padded stride), the Triton kernel rotates the query, the reference the pool in XLA. Far
+    from the unrotated pool: the rotation happened."""
     q, pk, pv, idx, cnt, lens = make_inputs(case, seed)
     # Every tile lists the full slot 0 first, so that a skipped rotation cannot hide behind
     # draws in which nothing is attended (all-zero outputs either way).
@@ -386,6 +387,23 @@ def test_kernel_rotates_keys_on_read(case, block_sizes, backend, seed):
     np.testing.assert_allclose(spec, want, atol=F32_TOL, rtol=F32_TOL)
     plain, _ = ref(q, pk, pv, idx, cnt, slot_len=lens)
     assert float(jnp.abs(plain - want).max()) > 0.1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_rotates_keys_shared_by_runs_of_slots(backend):
+    """Angles shared by runs of slots (a frame's blocks share its time angle): the Triton
+    kernel rotates the query once per run and reuses it, and a run that returns after another
+    (slots 0-1 and 4-5 equal, apart) is rotated again. Same as rotating the pool first."""
+    case = GQA_RAGGED  # 6 slots
+    q, pk, pv, idx, cnt, lens = make_inputs(case, 14)
+    rows = _key_angles(case, 14)
+    angles = rows[:, :, jnp.asarray([0, 0, 2, 2, 0, 0])]  # runs {0, 1}, {2, 3}, {4, 5}
+    out, lse = kernel_fn(case, backend)(q, pk, pv, idx, cnt, slot_len=lens, key_angles=angles)
+    want, want_lse = reference_fn(case.block_q)(
+        q, rotate_keys(pk, angles), pv, idx, cnt, slot_len=lens
+    )
+    np.testing.assert_allclose(out, want, atol=F32_TOL, rtol=F32_TOL)
+    assert_lse_close(lse, want_lse, F32_TOL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -450,7 +468,7 @@ def _segments(x, cuts):
     [
         (GQA_RAGGED, None, (4,)),  # tile-aligned blocks: each copied from its segment
         (MHA_EVEN, BlockSizes(block_q=8, block_kv=32), (1, 3)),  # 3 segments, 2 blocks a step
-        (FRAME_60, BlockSizes(block_kv=256), (2,)),  # padded to a stride: joined first
+        (FRAME_60, BlockSizes(block_kv=256), (2,)),  # TPU: padded to a stride, joined first
     ],
     ids=["gqa_ragged", "mha_three", "frame_60_steps"],
 )
@@ -772,13 +790,14 @@ def test_triton_kernel_lowers_for_cuda_at_wan_480p(n_kv):
 
 def test_triton_kernel_reads_segments_and_rotates_in_place_for_cuda():
     """At Wan 480p sizes, a pool given as (cache, chunk) segments with RoPE on read lowers for
-    CUDA to the one Triton kernel with nothing pool-sized around it: no concatenated pool, no
-    rotated copy. Inside, each selected block is one masked 64-key window load per segment
-    (key and value), and the query rows are rotated by the block's cos/sin row (two 1 x 128
-    float32 loads) before the first dot.
+    CUDA to the one Triton kernel with nothing done to the pool around it: the segments reach
+    the call through reshapes only (no concatenation, no rotated copy). Inside, one loop per
+    segment (its run of the ascending list) reads one unmasked 64-key window of keys and of
+    values a block, and the query is rotated under a branch (only when a block's angles
+    differ from the previous block's) from two 1 x 128 float32 cos/sin rows.
 
-    Fails if the wrapper joins or rotates the pool in XLA again (an op producing a pool-sized
-    tensor), or if the kernel loads the segments unmasked or skips the rotation."""
+    Fails if the wrapper joins, pads or rotates the pool in XLA again, or if the kernel reads
+    the segments through masked loads or rotates without the branch."""
     shapes = {**WAN_480P, "max_sel": 124}
     q, pk, _, idx, cnt, lens = _abstract_args(jnp.bfloat16, block_q=1560, **shapes)
     b, n_kv, slots, bs, k = pk.shape
@@ -796,14 +815,18 @@ def test_triton_kernel_reads_segments_and_rotates_in_place_for_cuda():
         .lower(lowering_platforms=("cuda",))
     )
     ((_, ttir),) = _triton_calls(lowered)
-    text = lowered.as_text()
-    for pool in (f"{b}x{n_kv}x{slots}x{bs}x{k}", f"{b}x{n_kv}x{slots * bs}x{k}"):
-        assert f"tensor<{pool}x" not in text, pool  # no joined (or rotated) pool anywhere
+    pool_types = [f"{b}x{n_kv}x{m}x{bs}x{k}x" for m in (slots, slots - chunk, chunk)]
+    pool_types.append(f"{b}x{n_kv}x{(slots - chunk) * bs}x{k}x")  # the flattened cache
+    for line in lowered.as_text().splitlines():
+        if any(t in line for t in pool_types):
+            line = line.strip()
+            ok = line.startswith("func.func public @main") or "xla.gpu.triton" in line
+            assert ok or re.match(r"%\S+ = stablehlo\.reshape %arg\d+ :", line), line
+    assert ttir.count("scf.for") == 2 and ttir.count("scf.if") == 2  # a loop a segment
     window = r"tensor<64x128x!tt\.ptr<bf16>>"
-    masked = re.findall(rf"tt\.load %\S+, %\S+, %\S+ : {window}", ttir)
-    assert len(masked) == 4, ttir.count("tt.load")  # (cache, chunk) x (keys, values)
-    assert not re.findall(rf"tt\.load %\S+ : {window}", ttir)  # no unmasked window load
-    assert len(re.findall(r"tt\.load \S+ : tensor<1x128x!tt\.ptr<f32>>", ttir)) == 2
+    assert len(re.findall(rf"tt\.load %\S+ : {window}", ttir)) == 4  # (cache, chunk) x (k, v)
+    assert not re.findall(rf"tt\.load %[^:]*, [^:]* : {window}", ttir)  # no masked window load
+    assert len(re.findall(r"tt\.load \S+ : tensor<1x128x!tt\.ptr<f32>>", ttir)) == 4
     dots = re.findall(r"tt\.dot .*: (tensor<\S+>) \* (tensor<\S+>) -> (tensor<\S+>)", ttir)
     assert dots[0] == ("tensor<128x128xbf16>", "tensor<128x64xbf16>", "tensor<128x64xf32>")
 

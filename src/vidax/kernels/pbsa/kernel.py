@@ -18,8 +18,8 @@ Segments: `pool_k` and `pool_v` may each be a tuple of pools (same batch, heads,
 head dim and dtype) read as their concatenation along the slots, never concatenated: a KV
 cache and the current chunk's own blocks are attended in one softmax without copying the cache
 every call. The TPU kernel copies each selected block from its segment (when blocks are
-tile-aligned: otherwise the wrapper joins and pads them); the Triton kernel loads it from its
-segment (one masked load per segment, only the slot's own touching memory); the reference
+tile-aligned: otherwise the wrapper joins and pads them); the Triton kernel loops over each
+segment's run of a tile's ascending list in turn, reading from that segment; the reference
 concatenates.
 
 RoPE on read: with `key_angles` `(b, n_kv, num_slots, k/2)` every key of slot `s` has its
@@ -27,8 +27,9 @@ interleaved pairs rotated by `key_angles[..., s, :]` as the kernel reads it. A c
 blocks change position while they sit in it (Sparse Forcing's time positions) stores them
 rotated by the part of their position that does not move, and is never rewritten. The TPU
 kernel rotates each copied block in VMEM, one `(1, k)` cos/sin row per slot; the Triton kernel
-rotates the query rows instead, per block (`q . R(a) k = R(-a) q . k`: two multiply-adds with
-the pair-swapped query, which comes in beside it, so no lane shuffle in the loop); the
+rotates the query rows instead (`q . R(a) k = R(-a) q . k`: two multiply-adds with the
+pair-swapped query, which comes in beside it, so no lane shuffle), and only when a block's
+angles differ from the previous block's (a Sparse Forcing frame's blocks share one); the
 reference rotates the pool in XLA first.
 
 How the kernels run: the wrapper sorts and de-duplicates the lists (`canonicalize_selection`)
@@ -46,13 +47,14 @@ read and cost nothing.
   computing the current one. Mosaic copies whole sublane tiles only, so for several blocks a
   step the wrapper pads each block to a tile-aligned `stride` (its size rounded up to 16 rows
   in bf16; Wan's 60-token blocks take 64, the 4 extra zero and masked).
-- `backend="triton"` (GPU): the same loop reads one block per step straight from the pool with a
-  dynamic `pl.ds` offset. Triton wants power-of-two tiles: the wrapper pads the rows, and `k`
-  must be a power of two of at least 16. A `block_size` that is a power of two >= 16 is read as
-  is; any other (Wan's 1560 tokens per frame cut into blocks of 40, 60 or 120) is read as a
-  window of the next power of two (>= 16) of the flattened pool, starting at the block or, for
-  the last blocks of the pool, earlier so that it stays in bounds, and the tokens outside the
-  block are masked: no copy of the pool, no out-of-bounds read.
+- `backend="triton"` (GPU): the same loop reads one block per step straight from its pool
+  segment with a dynamic `pl.ds` offset. Triton wants power-of-two tiles: the wrapper pads the
+  rows, and `k` must be a power of two of at least 16. A `block_size` that is a power of two
+  >= 16 is read as is; any other (Wan's 1560 tokens per frame cut into blocks of 40, 60 or 120)
+  is read as a window of the next power of two (>= 16) of the flattened segment, starting at
+  the block or, for the last blocks of the segment, earlier so that it stays in bounds, and the
+  tokens outside the block are masked: no copy of the pool, no out-of-bounds read (a segment
+  shorter than one window, only in toy sizes, is padded: a copy).
 - `backend="reference"`: the gather-then-attend XLA path of `pbsa_reference`.
 
 Gradients: `pbsa` is a `jax.custom_vjp`. The backward pass (`backward.pbsa_backward`) is XLA,
@@ -82,6 +84,7 @@ from vidax.kernels.pbsa.index import (
     check_inputs,
     check_key_angles,
     full_slot_len,
+    iota_below,
 )
 from vidax.kernels.pbsa.reference import _attend, _q_tiles, rotate_keys
 
@@ -662,14 +665,19 @@ def _call_triton(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
         return x
 
     flat_k, flat_v = [flat(x) for x in seg_k], [flat(x) for x in seg_v]
-    firsts = tuple(int(c) for c in np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1])
+    firsts = np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1]
+    # The canonical lists are ascending, so each segment's slots are one run of a tile's list:
+    # `bounds[..., i:i + 2]` delimits segment i's run (the kernel loops over each in turn).
+    live = iota_below(d.max_sel, cnt)
+    cuts = [(live & (idx < int(first))).sum(-1, dtype=jnp.int32) for first in firsts[1:]]
+    bounds = jnp.stack([jnp.zeros_like(cnt), *cuts, cnt], axis=-1)
     kernel = functools.partial(
         _pbsa_triton_kernel,
         scale=static.scale,
         block_size=d.block_size,
         window=window,
         segments=tuple(
-            (first, x.shape[2], f.shape[2])
+            (int(first), x.shape[2], f.shape[2])
             for first, x, f in zip(firsts, seg_k, flat_k, strict=True)
         ),
         rotate=angles is not None,
@@ -680,16 +688,19 @@ def _call_triton(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
     )
     q_spec = pl.BlockSpec((None, None, None, rows_p, k), lambda b, h, i: (b, h, i, 0, 0))
     per_head = lambda x: pl.BlockSpec((None, None, *x.shape[2:]), lambda b, h, i: (b, h, 0, 0))
-    scalars = [pl.BlockSpec(memory_space=pl.ANY)] * 3
-    operands = [rows_q, *flat_k, *flat_v, idx.reshape(-1), cnt.reshape(-1), lens.reshape(-1)]
-    in_specs = [q_spec, *map(per_head, flat_k), *map(per_head, flat_v), *scalars]
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    operands = [rows_q, *flat_k, *flat_v, idx.reshape(-1), bounds.reshape(-1), lens.reshape(-1)]
+    in_specs = [q_spec, *map(per_head, flat_k), *map(per_head, flat_v), hbm, hbm, hbm]
     if angles is not None:
-        # q . R(a) k = R(-a) q . k: the kernel rotates the query tile by each block's angles
-        # (two multiply-adds on its rows, no lane shuffle: the pair-swapped query comes in
-        # beside it) instead of rotating the block's keys.
+        # q . R(a) k = R(-a) q . k: the kernel rotates the query rows (by the pair-swapped rows
+        # passed beside them: no lane shuffle in the loop) instead of each block's keys, and
+        # only when a block's angles differ from the previous block's: `group` numbers the
+        # runs of slots with equal angles (a Sparse Forcing frame's blocks share one angle).
         cos, sin = _rotation_rows(angles)
-        operands += [_swap_pairs(rows_q), cos, sin]
-        in_specs += [q_spec, per_head(cos), per_head(sin)]
+        same = jnp.all(angles[..., 1:, :] == angles[..., :-1, :], axis=-1)
+        group = jnp.cumsum(jnp.pad(~same, ((0, 0), (0, 0), (1, 0))), -1, dtype=jnp.int32)
+        operands += [_swap_pairs(rows_q), cos, sin, group.reshape(-1)]
+        in_specs += [q_spec, per_head(cos), per_head(sin), hbm]
     bsz = static.block_sizes
     o, lse = pl.pallas_call(
         kernel,
@@ -737,39 +748,29 @@ def _pbsa_triton_kernel(
 ):
     """One program: `rows` query rows against its tile's selected blocks.
 
-    `refs`: the query rows, the flattened key segments, the value segments, the lists, counts
-    and slot lengths (flat, in HBM), then with `rotate` the pair-swapped query rows and the
-    per-slot cos / signed-sin lane rows; then the output and the log-sum-exp. `segments`:
-    (first slot, slots, flattened rows) of each pool segment."""
+    `refs`: the query rows, the flattened key segments, the value segments, then (flat, in
+    HBM) the lists, each tile's segment bounds in its list and the slot lengths; with `rotate`
+    the pair-swapped query rows, the per-slot cos / signed-sin lane rows and the slots' angle
+    groups; then the output and the log-sum-exp. `segments`: (first slot, slots, flattened
+    rows) of each pool segment."""
     nseg = len(segments)
     q_ref, refs = refs[0], refs[1:]
     k_refs, v_refs, refs = refs[:nseg], refs[nseg : 2 * nseg], refs[2 * nseg :]
-    idx_ref, cnt_ref, len_ref, *rest = refs
+    idx_ref, bounds_ref, len_ref, *rest = refs
     o_ref, lse_ref = rest[-2:]
     b, h, tile = _program_tile(num_q_tiles, q_split)
     n_kv = pl.num_programs(1)
-    cnt = cnt_ref[tile]
     list_base = tile * max_sel
     len_base = (b * n_kv + h) * num_slots
     q = q_ref[...]
-    rows = q.shape[0]
-    query_for = lambda slot: q
-    if rotate:  # R(-a) q for the block's angle a (q . R(a) k = R(-a) q . k)
-        qs_ref, cos_ref, sin_ref = rest[:3]
-        qs = qs_ref[...]  # kept in q's dtype across the loop (float32 copies would spill)
-
-        def query_for(slot):
-            row, f32 = pl.ds(slot, 1), jnp.float32
-            rot = q.astype(f32) * cos_ref[row, :] - qs.astype(f32) * sin_ref[row, :]
-            return rot.astype(q.dtype)
-
+    rows, k = q.shape
     # exp2 is the native instruction: fold log2(e) into the scale, convert back for the LSE.
     qk_scale = scale * math.log2(math.e)
     tok = jnp.arange(window, dtype=jnp.int32)
 
-    def window_of(slot, lim, first, slots, flat):
-        """(start row, valid-token mask) of `slot`'s keys in a segment of `flat` rows."""
-        begin = (slot - first) * block_size
+    def window_of(local, lim, flat):
+        """(start row, valid-token mask) of the keys of a segment's `local`-th block."""
+        begin = local * block_size
         if window == block_size:  # the block is a power-of-two tile: read it as is
             return begin, tok < lim
         # A window of `window` keys holding the block, moved back at the end of the segment
@@ -778,49 +779,49 @@ def _pbsa_triton_kernel(
         off = begin - start
         return start, (tok >= off) & (tok < off + lim)
 
-    def read(slot, lim):
-        """The block's key and value windows and their valid-token mask."""
-        if nseg == 1:
-            start, ok = window_of(slot, lim, *segments[0])
+    def rotated(slot):  # R(-a) q for the slot's angles a (q . R(a) k = R(-a) q . k)
+        qs_ref, cos_ref, sin_ref = rest[:3]
+        row, f32 = pl.ds(slot, 1), jnp.float32
+        rot = q_ref[...].astype(f32) * cos_ref[row, :] - qs_ref[...].astype(f32) * sin_ref[row, :]
+        return rot.astype(q.dtype)
+
+    def step(segment):
+        first, _, flat = segments[segment]
+
+        def body(j, carry):
+            acc, m_prev, l_prev, qj, group_prev = carry
+            slot = idx_ref[list_base + j]
+            start, ok = window_of(slot - first, len_ref[len_base + slot], flat)
             keys = pl.ds(start, window)
-            return k_refs[0][keys, :], v_refs[0][keys, :], ok
+            kb, vb = k_refs[segment][keys, :], v_refs[segment][keys, :]
+            if rotate:  # rotate the query again only when the angles change
+                group = rest[3][len_base + slot]
+                qj = jax.lax.cond(group != group_prev, rotated, lambda _: qj, slot)
+                group_prev = group
+            s = plgpu.dot(qj, kb, trans_b=True) * qk_scale
+            s = jnp.where(ok[None, :], s, -jnp.inf)
+            m_next = jnp.maximum(m_prev, s.max(axis=-1))
+            m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+            alpha = jnp.exp2(m_prev - m_safe)
+            p = jnp.exp2(s - m_safe[:, None])
+            l_next = alpha * l_prev + p.sum(axis=-1)
+            acc = alpha[:, None] * acc + plgpu.dot(p.astype(vb.dtype), vb)
+            return acc, m_next, l_next, qj, group_prev
 
-        # Several segments: one masked load per segment, only the slot's own touches memory.
-        def load(first, slots, flat, k_ref, v_ref):
-            here = (slot >= first) & (slot < first + slots)
-            start, ok = window_of(jnp.clip(slot, first, first + slots - 1), lim, first, slots, flat)
-            keys = pl.ds(start, window)
-            mask = jnp.broadcast_to(here, (window, k_ref.shape[-1]))
-            k = plgpu.load(k_ref.at[keys, :], mask=mask, other=0)
-            v = plgpu.load(v_ref.at[keys, :], mask=mask, other=0)
-            return here, k, v, ok & here
+        return body
 
-        loads = [load(*g, kr, vr) for g, kr, vr in zip(segments, k_refs, v_refs, strict=True)]
-        _, k, v, ok = loads[0]
-        for here, k_i, v_i, ok_i in loads[1:]:
-            k, v, ok = jnp.where(here, k_i, k), jnp.where(here, v_i, v), ok | ok_i
-        return k, v, ok
-
-    def body(j, carry):
-        acc, m_prev, l_prev = carry
-        slot = idx_ref[list_base + j]
-        k, v, ok = read(slot, len_ref[len_base + slot])
-        s = plgpu.dot(query_for(slot), k, trans_b=True) * qk_scale
-        s = jnp.where(ok[None, :], s, -jnp.inf)
-        m_next = jnp.maximum(m_prev, s.max(axis=-1))
-        m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
-        alpha = jnp.exp2(m_prev - m_safe)
-        p = jnp.exp2(s - m_safe[:, None])
-        l_next = alpha * l_prev + p.sum(axis=-1)
-        acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v)
-        return acc, m_next, l_next
-
-    init = (
-        jnp.zeros((rows, q.shape[1]), jnp.float32),
+    carry = (
+        jnp.zeros((rows, k), jnp.float32),
         jnp.full((rows,), -jnp.inf, jnp.float32),
         jnp.zeros((rows,), jnp.float32),
+        q,  # the query as attended (rotated for the current angle group with `rotate`)
+        jnp.int32(-1),  # that angle group (none yet)
     )
-    acc, m, denom = jax.lax.fori_loop(0, cnt, body, init)
+    bounds_base = tile * (nseg + 1)
+    for i in range(nseg):  # each segment's run of the ascending list, one unmasked read a block
+        lo, hi = bounds_ref[bounds_base + i], bounds_ref[bounds_base + i + 1]
+        carry = jax.lax.fori_loop(lo, hi, step(i), carry)
+    acc, m, denom = carry[:3]
     has = denom > 0
     l_safe = jnp.where(has, denom, 1.0)
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
