@@ -268,8 +268,12 @@ def _join(segs: tuple[Array, ...]) -> Array:
 
 def _split(pool: Array, like: tuple[Array, ...]) -> tuple[Array, ...]:
     """Inverse of `_join`: the pool cut into segments of `like`'s slots."""
-    cuts = np.cumsum([x.shape[2] for x in like])[:-1]
-    return tuple(jnp.split(pool, cuts, axis=2))
+    return tuple(jnp.split(pool, _segment_starts(like)[1:], axis=2))
+
+
+def _segment_starts(segs: tuple[Array, ...]) -> tuple[int, ...]:
+    """The joined pool's slot at which each segment starts."""
+    return tuple(int(x) for x in np.cumsum([0] + [x.shape[2] for x in segs])[:-1])
 
 
 def _resolve_backend(backend: str, interpret: bool) -> str:
@@ -410,7 +414,7 @@ def _call_tpu(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
         # pool built at a tile-aligned block size, e.g. 64 rather than 60, is read in place).
         pad = [(0, 0)] * 3 + [(0, stride - d.block_size), (0, 0)]
         seg_k, seg_v = (jnp.pad(_join(seg_k), pad),), (jnp.pad(_join(seg_v), pad),)
-    seg_starts = tuple(int(x) for x in np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1])
+    seg_starts = _segment_starts(seg_k)
     rotate = angles is not None
     kernel = functools.partial(
         _pbsa_tpu_kernel,
@@ -665,21 +669,18 @@ def _call_triton(rows_q, seg_k, seg_v, idx, cnt, lens, angles, static: _Static):
         return x
 
     flat_k, flat_v = [flat(x) for x in seg_k], [flat(x) for x in seg_v]
-    firsts = np.cumsum([0] + [x.shape[2] for x in seg_k])[:-1]
+    firsts = _segment_starts(seg_k)
     # The canonical lists are ascending, so each segment's slots are one run of a tile's list:
     # `bounds[..., i:i + 2]` delimits segment i's run (the kernel loops over each in turn).
     live = iota_below(d.max_sel, cnt)
-    cuts = [(live & (idx < int(first))).sum(-1, dtype=jnp.int32) for first in firsts[1:]]
+    cuts = [(live & (idx < first)).sum(-1, dtype=jnp.int32) for first in firsts[1:]]
     bounds = jnp.stack([jnp.zeros_like(cnt), *cuts, cnt], axis=-1)
     kernel = functools.partial(
         _pbsa_triton_kernel,
         scale=static.scale,
         block_size=d.block_size,
         window=window,
-        segments=tuple(
-            (int(first), x.shape[2], f.shape[2])
-            for first, x, f in zip(firsts, seg_k, flat_k, strict=True)
-        ),
+        segments=tuple((first, f.shape[2]) for first, f in zip(firsts, flat_k, strict=True)),
         rotate=angles is not None,
         max_sel=d.max_sel,
         num_slots=d.num_slots,
@@ -739,7 +740,7 @@ def _pbsa_triton_kernel(
     scale: float,
     block_size: int,
     window: int,
-    segments: tuple[tuple[int, int, int], ...],
+    segments: tuple[tuple[int, int], ...],
     rotate: bool,
     max_sel: int,
     num_slots: int,
@@ -751,8 +752,8 @@ def _pbsa_triton_kernel(
     `refs`: the query rows, the flattened key segments, the value segments, then (flat, in
     HBM) the lists, each tile's segment bounds in its list and the slot lengths; with `rotate`
     the pair-swapped query rows, the per-slot cos / signed-sin lane rows and the slots' angle
-    groups; then the output and the log-sum-exp. `segments`: (first slot, slots, flattened
-    rows) of each pool segment."""
+    groups; then the output and the log-sum-exp. `segments`: (first slot, flattened rows) of
+    each pool segment."""
     nseg = len(segments)
     q_ref, refs = refs[0], refs[1:]
     k_refs, v_refs, refs = refs[:nseg], refs[nseg : 2 * nseg], refs[2 * nseg :]
@@ -786,7 +787,7 @@ def _pbsa_triton_kernel(
         return rot.astype(q.dtype)
 
     def step(segment):
-        first, _, flat = segments[segment]
+        first, flat = segments[segment]
 
         def body(j, carry):
             acc, m_prev, l_prev, qj, group_prev = carry
