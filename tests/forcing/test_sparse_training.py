@@ -138,7 +138,7 @@ SPARSE_SMALL = dataclasses.replace(
 )  # fmt: skip
 
 
-def _stage(steps: int, multiplier: float) -> StageConfig:
+def _stage(steps: int, multiplier: float, heads: str = "all") -> StageConfig:
     return StageConfig(
         kind="self_forcing",
         forcing=SPARSE_SMALL,
@@ -150,6 +150,7 @@ def _stage(steps: int, multiplier: float) -> StageConfig:
         latent_hw=HW,
         channels=SMALL.in_channels,
         backbone_lr_multiplier=multiplier,
+        sparse_heads=heads,
         optim=OptimConfig(lr=1e-2, warmup=1, weight_decay=0.0, ema_decay=0.5),
         checkpoint_every=steps,
         log_every=1,
@@ -179,6 +180,40 @@ def test_frozen_backbone_is_unchanged_and_keeps_no_optimizer_state(zero_init_mod
     assert sizes(opt_state) <= 2 * sizes(nnx.state(zero_init_model.sparse)) + 16
     full = _optimizer(dataclasses.replace(config, backbone_lr_multiplier=1.0)).init(params)
     assert sizes(full) >= 2 * sizes(params)
+
+
+@pytest.mark.parametrize("multiplier", [0.0, 0.5])
+def test_selection_heads_train_only_the_block_scores(zero_init_model, tmp_path, multiplier):
+    """sparse_heads="selection": the key compression (the block scores) moves; the branch
+    weight and the value compression stay exactly zero (the layer stays the dense one
+    restricted to its selection) and hold no optimiser state; the backbone trains or not by
+    its multiplier alone."""
+    config = _stage(2, multiplier, heads="selection")
+    teacher = jax.tree.map(lambda x: x * 1.05, nnx.state(zero_init_model))
+    teacher_model = nnx.merge(nnx.graphdef(zero_init_model), teacher)
+    out = train_stage(tmp_path, config, zero_init_model, teacher=teacher_model)
+    exported = load(tmp_path / WEIGHTS_FILE, SMALL)
+    before = nnx.state(zero_init_model.transformer)
+    for model in (out, exported):
+        sparse = model.sparse
+        assert float(jnp.abs(sparse.compress_k[...]).max()) > 0
+        for name in ("branch_kernel", "branch_bias", "compress_v"):
+            np.testing.assert_array_equal(getattr(sparse, name)[...], 0.0)
+        after = nnx.state(model.transformer)
+        same = all(
+            np.array_equal(x, y)
+            for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
+        )
+        assert same == (multiplier == 0.0)
+    sizes = lambda tree: sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+    opt_state = _optimizer(config).init(nnx.state(zero_init_model))
+    if multiplier == 0.0:  # Adam's two moments for compress_k alone
+        assert sizes(opt_state) <= 2 * sizes(zero_init_model.sparse.compress_k[...]) + 16
+
+
+def test_sparse_heads_are_validated():
+    with pytest.raises(ValueError, match="sparse_heads must be one of"):
+        _stage(1, 0.0, heads="branch")
 
 
 def test_backbone_multiplier_is_validated():

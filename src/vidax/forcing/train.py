@@ -18,7 +18,8 @@ loop of `vidax.train` (resumable checkpoints, EMA, JSON log):
    backbone frozen (`backbone_lr_multiplier=0`) and that dense model as the teacher: only the
    sparse heads learn (the block compression that ranks blocks and sets the memory's salience,
    through the compressed branch and the straight-through selection surrogate, and the branch
-   weight), so sparse training cannot damage what the dense model knows.
+   weight; `sparse_heads="selection"`: the block scores only), so sparse training cannot
+   damage what the dense model knows.
 
     train_stage("runs/forcing/df", StageConfig(kind="diffusion_forcing", ...), init=weights)
 """
@@ -38,6 +39,7 @@ import optax
 from flax import nnx
 
 from vidax.data import ClipLoader, LoaderConfig
+from vidax.forcing.attention import SPARSE_PARAM_NAMES
 from vidax.forcing.cache import KVCache
 from vidax.forcing.model import CausalWan, forward_full, save
 from vidax.forcing.rollout import chunk_noise, chunk_velocity, guided_context, write_clean
@@ -52,6 +54,8 @@ from vidax.train.optim import OptimConfig, make_optimizer
 from vidax.train.step import init_state
 
 KINDS = ("diffusion_forcing", "self_forcing")
+# `StageConfig.sparse_heads`: the `SparseParams` each choice trains.
+SPARSE_HEADS = {"all": SPARSE_PARAM_NAMES, "selection": ("compress_k",)}
 WEIGHTS_FILE = "weights.safetensors"
 
 
@@ -84,6 +88,12 @@ class StageConfig:
         Wan transformer): 1 trains it at `optim.lr`, a value in (0, 1) at a lower rate, 0
         freezes it (no gradient is taken for it, no optimiser state is kept, and the exported
         weights hold it bit for bit; the EMA covers the sparse heads only).
+      sparse_heads: which sparse heads train: "all" (branch weight and block compression) or
+        "selection" (the key compression only, which scores the blocks: what each tile selects
+        and what the persistent memory keeps; the branch weight and the value compression stay
+        at zero, so every layer stays the dense one restricted to its selection and training
+        can change only *which* blocks it reads). Heads left out are frozen as a frozen
+        backbone is.
       checkpoint_every, log_every, max_seconds, resumable: see `vidax.train.loop.LoopConfig`
         (`max_seconds` cuts the stage short, the cosine decay still spanning `steps`).
       export_dtype: dtype of the exported weights ("bfloat16" halves a shipped file; None: the
@@ -113,6 +123,7 @@ class StageConfig:
         default_factory=lambda: OptimConfig(lr=1e-4, warmup=20, weight_decay=0.0, ema_decay=0.99)
     )
     backbone_lr_multiplier: float = 1.0
+    sparse_heads: str = "all"
     checkpoint_every: int = 50
     log_every: int = 10
     max_seconds: float | None = None
@@ -128,6 +139,10 @@ class StageConfig:
             raise ValueError(
                 f"backbone_lr_multiplier must be in [0, 1] (0 freezes the backbone), got "
                 f"{self.backbone_lr_multiplier}"
+            )
+        if self.sparse_heads not in SPARSE_HEADS:
+            raise ValueError(
+                f"sparse_heads must be one of {tuple(SPARSE_HEADS)}, got {self.sparse_heads!r}"
             )
         if not 0.0 <= self.clean_probability < 1.0:
             raise ValueError(f"clean_probability must be in [0, 1), got {self.clean_probability}")
@@ -499,20 +514,30 @@ def _is_sparse(path) -> bool:
     return getattr(top, "key", getattr(top, "name", None)) == "sparse"
 
 
+def _role(path, config: StageConfig) -> str:
+    """"heads" (trains at `optim.lr`), "backbone" (at `backbone_lr_multiplier` times it) or
+    "frozen" (no gradient, no optimiser state, exported as it was) for a state path."""
+    if _is_sparse(path):
+        names = {getattr(p, "key", getattr(p, "name", None)) for p in path}
+        return "heads" if names & set(SPARSE_HEADS[config.sparse_heads]) else "frozen"
+    return "backbone" if config.backbone_lr_multiplier > 0 else "frozen"
+
+
 def _exported(state: dict[str, Any], config: StageConfig) -> nnx.State:
-    """The weights a stage exports: the EMA, with a frozen backbone taken from the parameters
+    """The weights a stage exports: the EMA, with frozen weights taken from the parameters
     (an EMA of constant weights can still move them by rounding)."""
-    if config.backbone_lr_multiplier > 0:
-        return state["ema"]
     return jax.tree_util.tree_map_with_path(
-        lambda path, e, p: e if _is_sparse(path) else p, state["ema"], state["params"]
+        lambda path, e, p: p if _role(path, config) == "frozen" else e,
+        state["ema"],
+        state["params"],
     )
 
 
-def _freeze_backbone(params: nnx.State) -> nnx.State:
-    """Stops the gradient of every non-sparse parameter (no weight gradients are computed)."""
+def _freeze(params: nnx.State, config: StageConfig) -> nnx.State:
+    """Stops the gradient of every frozen parameter (no weight gradients are computed)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: x if _is_sparse(path) else jax.lax.stop_gradient(x), params
+        lambda path, x: jax.lax.stop_gradient(x) if _role(path, config) == "frozen" else x,
+        params,
     )
 
 
@@ -520,13 +545,10 @@ def _freeze_backbone(params: nnx.State) -> nnx.State:
 def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
     """(optimizer, jitted step) of a stage; shared by runs that differ only in length."""
     optimizer = _optimizer(config)
-    frozen_backbone = config.backbone_lr_multiplier == 0
     if config.kind == "diffusion_forcing":
 
         def loss_fn(params, batch, key):
-            if frozen_backbone:
-                params = _freeze_backbone(params)
-            m = nnx.merge(graphdef, params)
+            m = nnx.merge(graphdef, _freeze(params, config))
             return diffusion_forcing_loss(
                 m,
                 batch["latents"],
@@ -550,7 +572,7 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
         def loss_fn(params, batch, key):
             return self_forcing_loss(
                 graphdef,
-                _freeze_backbone(params) if frozen_backbone else params,
+                _freeze(params, config),
                 batch["teacher"],
                 batch["context"],
                 key,
@@ -573,23 +595,22 @@ def _compiled_step(graphdef: nnx.GraphDef, config: StageConfig, wan):
 
 
 def _optimizer(config: StageConfig):
-    """`vidax.train.optim.make_optimizer` for the sparse heads; the backbone at
-    `backbone_lr_multiplier` times the rate, or `set_to_zero` (no state) when frozen."""
+    """`vidax.train.optim.make_optimizer` for the trained sparse heads, the backbone at
+    `backbone_lr_multiplier` times the rate, `set_to_zero` (no state) for what is frozen."""
     heads = make_optimizer(config.optim)
     m = config.backbone_lr_multiplier
-    if m == 1.0:
+    if m == 1.0 and config.sparse_heads == "all":
         return heads
-    backbone = (
-        optax.set_to_zero()
-        if m == 0
-        else make_optimizer(dataclasses.replace(config.optim, lr=config.optim.lr * m))
-    )
+    transforms = {"heads": heads, "frozen": optax.set_to_zero()}
+    if m > 0:
+        transforms["backbone"] = make_optimizer(
+            dataclasses.replace(config.optim, lr=config.optim.lr * m)
+        )
 
     def labels(params):
-        label = lambda path, _: "sparse" if _is_sparse(path) else "backbone"
-        return jax.tree_util.tree_map_with_path(label, params)
+        return jax.tree_util.tree_map_with_path(lambda path, _: _role(path, config), params)
 
-    return optax.multi_transform({"backbone": backbone, "sparse": heads}, labels)
+    return optax.multi_transform(transforms, labels)
 
 
 def _grid(wan, latent_hw) -> tuple[int, int]:
@@ -605,6 +626,7 @@ def tiny_causal_stages(
     df_steps: int,
     final_steps: int,
     sparse_steps: int | None = None,
+    sparse_heads: str = "all",
     batch_size: int = 1,
     rollout_chunks: int = 7,
     teacher_steps: int = 6,
@@ -632,7 +654,8 @@ def tiny_causal_stages(
       same dense model with its dense cache over the student's own past, and the target its
       own prediction at the exit step (`teacher_steps=1`: one Euler step to 0 is the x0
       prediction), so the loss measures only what the sparse cache loses against the dense
-      one. The sparse heads start at zero, the rate 1e-3 is theirs alone.
+      one. The sparse heads start at zero, the rate 1e-3 is theirs alone; `sparse_heads`
+      picks which of them train (`StageConfig.sparse_heads`).
 
     `df_frames` is the pixel length of the df clips (33: 9 latent frames, three chunks; 81: 21,
     the longest one block-causal forward covers, so that the teacher of the dense stage has seen
@@ -693,6 +716,7 @@ def tiny_causal_stages(
             steps=final_steps if sparse_steps is None else sparse_steps,
             teacher_steps=1,
             backbone_lr_multiplier=0.0,
+            sparse_heads=sparse_heads,
             optim=OptimConfig(lr=1e-3, warmup=10, weight_decay=0.0, ema_decay=0.95),
             **rollout,
         ),

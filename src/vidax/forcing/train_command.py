@@ -47,6 +47,13 @@ def train_causal(
             "tiny-causal dense.safetensors)."
         ),
     ] = None,
+    sparse_heads: Annotated[
+        str,
+        typer.Option(
+            help="Sparse heads the sparse stage trains: all (branch weight and block "
+            "compression) or selection (the block scores only: which blocks are read and kept)."
+        ),
+    ] = "all",
     batch_size: Annotated[int, typer.Option(help="Clips per self-rollout step.")] = 1,
     df_batch: Annotated[int, typer.Option(help="Clips per diffusion-forcing step.")] = 4,
     df_frames: Annotated[
@@ -161,6 +168,7 @@ def train_causal(
         df_steps=df_steps,
         final_steps=final_steps,
         sparse_steps=sparse_steps,
+        sparse_heads=sparse_heads,
         batch_size=batch_size,
         rollout_chunks=rollout_chunks,
         teacher_steps=teacher_steps,
@@ -228,7 +236,10 @@ def train_causal(
             )
         else:
             init = dense_weights()
-            typer.echo(f"stage sparse: from the dense weights {init}, backbone frozen")
+            typer.echo(
+                f"stage sparse: from the dense weights {init}, backbone frozen, heads "
+                f"{sparse_heads}"
+            )
             dense_model = load(init, spec.config)
             train_stage(
                 root / stage,
