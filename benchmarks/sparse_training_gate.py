@@ -12,6 +12,12 @@ lower), over the whole rollout and its last quarter, at the short length and 4x 
 Sparse weights ship only if `trained` beats `free` on the long rollouts (4x and 12x): subject
 consistency and flicker (whole rollout) no worse in both, better in at least one.
 
+`--distance N` also prints the sparse stage's own objective on held-out rollouts of the gate's
+prompts: the mean squared distance of the exit-step prediction to the dense model's over the same
+self-generated past (`vidax.forcing.train.self_forcing_loss`), for `free` and `trained` with the
+same N noise keys, paired: whether training reduced what it optimises, apart from whether that
+helps the rollouts.
+
     JAX_PLATFORMS=cpu python benchmarks/sparse_training_gate.py --sparse runs/x/sparse/weights.safetensors
     python benchmarks/sparse_training_gate.py --models dense,free --prompts 16 --lengths 4x,12x
 """
@@ -22,10 +28,13 @@ import argparse
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from vidax.data import EVAL_PROMPTS
 from vidax.forcing import CausalWan, generate_latents, load
+from vidax.forcing.train import self_forcing_loss
 from vidax.metrics import motion_fidelity, subject_consistency, temporal_flicker
 from vidax.models.registry import get_causal
 from vidax.models.weights import load_vae
@@ -65,6 +74,27 @@ def beats(trained: dict, free: dict) -> bool:
     return no_worse and better
 
 
+def distances(models, context, layouts, *, keys: int, seed: int, chunks: int, hw, channels):
+    """Per key, each model's self-rollout distance to the dense model (the sparse stage's loss:
+    the dense model as its own teacher, one Euler step, i.e. its exit-step prediction)."""
+    dense_model, _ = models["dense"]
+    teacher = nnx.state(dense_model)
+    out = {}
+    for name in ("free", "trained"):
+        model, _ = models[name]
+        graphdef, params = nnx.split(model)
+        loss = jax.jit(
+            lambda p, k, graphdef=graphdef, layout=layouts[name]: self_forcing_loss(
+                graphdef, p, teacher, context, k, layout, layouts["dense"], num_chunks=chunks,
+                teacher_steps=1, latent_hw=hw, channels=channels,
+            )[0]
+        )  # fmt: skip
+        out[name] = np.array(
+            [float(loss(params, jax.random.key(seed + 1000 + i))) for i in range(keys)]
+        )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-causal")
@@ -74,6 +104,14 @@ def main() -> None:
     p.add_argument("--short-chunks", type=int, default=7)
     p.add_argument("--lengths", default="short,4x,12x")
     p.add_argument("--seed", type=int, default=2, help="noise key of the rollouts")
+    p.add_argument(
+        "--distance",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the distance to dense over N held-out noise keys (free vs trained)",
+    )
+    p.add_argument("--distance-chunks", type=int, default=11, help="chunks of those rollouts")
     p.add_argument(
         "--models", default="dense,free,trained", help="rows to run (dense, free, trained)"
     )
@@ -96,7 +134,10 @@ def main() -> None:
         if args.sparse is None:
             raise SystemExit("the trained row needs --sparse FILE (or --models dense,free)")
         rows["trained"] = (load(args.sparse, spec.config), preset.forcing("sparse"))
+    every = rows
     rows = {name: row for name, row in rows.items() if name in wanted}
+    if args.distance and "trained" not in every:
+        raise SystemExit("--distance compares free with trained: pass --sparse FILE")
     vae = load_vae(spec, None)
     prompts = _prompts(args.prompts)
     text = embed_prompts(spec, [q.caption for q in prompts])
@@ -106,6 +147,21 @@ def main() -> None:
         f"#   dense weights {dense_path}"
         + (f"; trained sparse weights {args.sparse}" if "trained" in rows else "")
     )
+    if args.distance:
+        layouts = {name: m.layout(f, (h, w)) for name, (m, f) in every.items()}
+        dist = distances(
+            every, jnp.asarray(context), layouts, keys=args.distance, seed=args.seed,
+            chunks=args.distance_chunks, hw=(h, w), channels=c,
+        )  # fmt: skip
+        diff = dist["trained"] - dist["free"]
+        print(
+            f"distance to dense ({args.distance_chunks}-chunk self-rollouts, {args.distance} "
+            f"held-out keys): free {dist['free'].mean():.5f}, trained "
+            f"{dist['trained'].mean():.5f}; trained - free {diff.mean():+.5f} "
+            f"(+- {diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else 0:.5f}), "
+            f"lower in {int((diff < 0).sum())} of {len(diff)}",
+            flush=True,
+        )
     print("mean over prompts; whole rollout | last quarter")
     print(f"{'length':6s} {'model':8s}" + "".join(f"{m:>28s}" for m in METRICS))
     results: dict[str, dict] = {name: {} for name in rows}
