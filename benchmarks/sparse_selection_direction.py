@@ -7,10 +7,11 @@ in it, and its gradient is the surrogate's. This takes that gradient at the zero
 training-free model: blocks ranked by their mean key), averaged over `--grad-keys` rollouts,
 then evaluates the real loss (the distance of the exit-step prediction to the dense model over
 11-chunk self-rollouts, `self_forcing_loss`) on `--heldout` other noise keys after a step of
-each size along -gradient (what training does), +gradient and a random direction. A faithful
-surrogate lowers the loss along -gradient for small steps.
+each size (equal L2 norms) along -gradient (gradient descent), +gradient, -sign(gradient) (what
+Adam's first steps do: every element moved alike) and a random direction. A faithful surrogate
+lowers the loss along -gradient and -sign for small steps.
 
-    python benchmarks/sparse_selection_direction.py --grad-keys 4 --heldout 6 --scales 0.003,0.01
+    python benchmarks/sparse_selection_direction.py --grad-keys 4 --heldout 6 --scales 0.001,0.003
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=11, help="chunks per rollout (the stage's)")
     p.add_argument("--grad-keys", type=int, default=4)
     p.add_argument("--heldout", type=int, default=6)
-    p.add_argument("--scales", default="0.003,0.01,0.03", help="mean |element| of each step")
+    p.add_argument("--scales", default="0.001,0.003,0.01", help="rms element of each step")
+    p.add_argument("--directions", default="-gradient,+gradient,-sign,random")
     args = p.parse_args()
 
     preset = get_causal(args.model)
@@ -82,6 +84,11 @@ def main() -> None:
     if cos:
         print(f"per-key gradient cosine: mean {np.mean(cos):.3f} (min {min(cos):.3f}, max "
               f"{max(cos):.3f})")  # fmt: skip
+    layer_share = np.sqrt((g**2).reshape(g.shape[0], -1).sum(1)) / np.linalg.norm(g)
+    print(
+        f"mean gradient: max |element| / rms {np.abs(g).max() / np.sqrt(np.mean(g**2)):.1f}; "
+        "share of its norm per layer " + " ".join(f"{x:.2f}" for x in layer_share)
+    )
     keys = [jax.random.key(1002 + i) for i in range(args.heldout)]
 
     def heldout(ck) -> float:
@@ -89,11 +96,19 @@ def main() -> None:
 
     base = heldout(ck0)
     print(f"held-out loss at the zero init ({args.heldout} keys): {base:.5f}")
-    random = np.random.default_rng(0).standard_normal(g.shape).astype(np.float32)
-    print("step (mean |element|)  direction  change of the held-out loss")
+    directions = {
+        "-gradient": -g,
+        "+gradient": g,
+        "-sign": -np.sign(g),  # Adam's first steps move every element alike
+        "random": np.random.default_rng(0).standard_normal(g.shape).astype(np.float32),
+    }
+    if unknown := set(args.directions.split(",")) - set(directions):
+        raise SystemExit(f"unknown direction(s) {sorted(unknown)}; known: {list(directions)}")
+    print("step (rms element)     direction  change of the held-out loss")
     for scale in (float(s) for s in args.scales.split(",")):
-        for name, direction in (("-gradient", -g), ("+gradient", g), ("random", random)):
-            step = direction / np.mean(np.abs(direction)) * scale
+        for name in args.directions.split(","):
+            direction = directions[name]
+            step = direction / np.sqrt(np.mean(direction**2)) * scale  # equal L2 norms
             print(f"{scale:<22g} {name:10s} {heldout(ck0 + step) - base:+.5f}", flush=True)
 
 
