@@ -515,8 +515,9 @@ def _is_sparse(path) -> bool:
 
 
 def _role(path, config: StageConfig) -> str:
-    """"heads" (trains at `optim.lr`), "backbone" (at `backbone_lr_multiplier` times it) or
-    "frozen" (no gradient, no optimiser state, exported as it was) for a state path."""
+    """The role of a state path: "heads" (trains at `optim.lr`), "backbone" (at
+    `backbone_lr_multiplier` times it) or "frozen" (no gradient, no optimiser state, exported
+    as it was)."""
     if _is_sparse(path):
         names = {getattr(p, "key", getattr(p, "name", None)) for p in path}
         return "heads" if names & set(SPARSE_HEADS[config.sparse_heads]) else "frozen"
