@@ -157,15 +157,20 @@ def _stage(steps: int, multiplier: float, heads: str = "all") -> StageConfig:
     )
 
 
+def _train(config: StageConfig, model, run_dir):
+    """The stage from `model` against a slightly different teacher: (returned, exported)."""
+    teacher = jax.tree.map(lambda x: x * 1.05, nnx.state(model))
+    teacher_model = nnx.merge(nnx.graphdef(model), teacher)
+    out = train_stage(run_dir, config, model, teacher=teacher_model)
+    return out, load(run_dir / WEIGHTS_FILE, SMALL)
+
+
 def test_frozen_backbone_is_unchanged_and_keeps_no_optimizer_state(zero_init_model, tmp_path):
     """Two self-rollout steps with backbone_lr_multiplier=0: the exported transformer is the
     initial one bit for bit (EMA included), the sparse heads moved (from zero), and the
     optimiser holds state for the sparse heads only."""
     config = _stage(2, 0.0)
-    teacher = jax.tree.map(lambda x: x * 1.05, nnx.state(zero_init_model))
-    teacher_model = nnx.merge(nnx.graphdef(zero_init_model), teacher)
-    out = train_stage(tmp_path, config, zero_init_model, teacher=teacher_model)
-    exported = load(tmp_path / WEIGHTS_FILE, SMALL)
+    out, exported = _train(config, zero_init_model, tmp_path)
     before = nnx.state(zero_init_model.transformer)
     for model in (out, exported):
         after = nnx.state(model.transformer)
@@ -189,10 +194,7 @@ def test_selection_heads_train_only_the_block_scores(zero_init_model, tmp_path, 
     restricted to its selection) and hold no optimiser state; the backbone trains or not by
     its multiplier alone."""
     config = _stage(2, multiplier, heads="selection")
-    teacher = jax.tree.map(lambda x: x * 1.05, nnx.state(zero_init_model))
-    teacher_model = nnx.merge(nnx.graphdef(zero_init_model), teacher)
-    out = train_stage(tmp_path, config, zero_init_model, teacher=teacher_model)
-    exported = load(tmp_path / WEIGHTS_FILE, SMALL)
+    out, exported = _train(config, zero_init_model, tmp_path)
     before = nnx.state(zero_init_model.transformer)
     for model in (out, exported):
         sparse = model.sparse
