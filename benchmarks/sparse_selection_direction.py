@@ -87,7 +87,7 @@ def main() -> None:
     layer_share = np.sqrt((g**2).reshape(g.shape[0], -1).sum(1)) / np.linalg.norm(g)
     print(
         f"mean gradient: max |element| / rms {np.abs(g).max() / np.sqrt(np.mean(g**2)):.1f}; "
-        "share of its norm per layer " + " ".join(f"{x:.2f}" for x in layer_share)
+        "share of its squared norm per layer " + " ".join(f"{x**2:.2f}" for x in layer_share)
     )
     keys = [jax.random.key(1002 + i) for i in range(args.heldout)]
 

@@ -130,14 +130,14 @@ def main() -> None:
         "dense": (dense, preset.forcing("dense")),
         "free": (dense, preset.forcing("sparse")),
     }
-    if "trained" in wanted:
+    if "trained" in wanted or args.distance:
         if args.sparse is None:
-            raise SystemExit("the trained row needs --sparse FILE (or --models dense,free)")
+            raise SystemExit(
+                "the trained row and --distance need --sparse FILE (or --models dense,free)"
+            )
         rows["trained"] = (load(args.sparse, spec.config), preset.forcing("sparse"))
     every = rows
     rows = {name: row for name, row in rows.items() if name in wanted}
-    if args.distance and "trained" not in every:
-        raise SystemExit("--distance compares free with trained: pass --sparse FILE")
     vae = load_vae(spec, None)
     prompts = _prompts(args.prompts)
     text = embed_prompts(spec, [q.caption for q in prompts])

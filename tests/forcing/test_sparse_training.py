@@ -183,6 +183,8 @@ def test_frozen_backbone_is_unchanged_and_keeps_no_optimizer_state(zero_init_mod
     opt_state = _optimizer(config).init(params)
     # Adam keeps two moments per trained parameter: here only the sparse heads'.
     assert sizes(opt_state) <= 2 * sizes(nnx.state(zero_init_model.sparse)) + 16
+    # The groups keep the names of checkpoints written before `sparse_heads` (resumable).
+    assert set(opt_state.inner_states) == {"backbone", "sparse"}
     full = _optimizer(dataclasses.replace(config, backbone_lr_multiplier=1.0)).init(params)
     assert sizes(full) >= 2 * sizes(params)
 
@@ -209,6 +211,7 @@ def test_selection_heads_train_only_the_block_scores(zero_init_model, tmp_path, 
         assert same == (multiplier == 0.0)
     sizes = lambda tree: sum(int(np.size(x)) for x in jax.tree.leaves(tree))
     opt_state = _optimizer(config).init(nnx.state(zero_init_model))
+    assert set(opt_state.inner_states) == {"backbone", "sparse", "frozen"}
     if multiplier == 0.0:  # Adam's two moments for compress_k alone
         assert sizes(opt_state) <= 2 * sizes(zero_init_model.sparse.compress_k[...]) + 16
 

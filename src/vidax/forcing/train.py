@@ -91,9 +91,9 @@ class StageConfig:
       sparse_heads: which sparse heads train: "all" (branch weight and block compression) or
         "selection" (the key compression only, which scores the blocks: what each tile selects
         and what the persistent memory keeps; the branch weight and the value compression stay
-        at zero, so every layer stays the dense one restricted to its selection and training
-        can change only *which* blocks it reads). Heads left out are frozen as a frozen
-        backbone is.
+        as they start, zero from dense weights, so every layer stays the dense one restricted
+        to its selection and training can change only *which* blocks it reads). Heads left
+        out are frozen as a frozen backbone is.
       checkpoint_every, log_every, max_seconds, resumable: see `vidax.train.loop.LoopConfig`
         (`max_seconds` cuts the stage short, the cosine decay still spanning `steps`).
       export_dtype: dtype of the exported weights ("bfloat16" halves a shipped file; None: the
@@ -515,30 +515,36 @@ def _is_sparse(path) -> bool:
 
 
 def _role(path, config: StageConfig) -> str:
-    """The role of a state path: "heads" (trains at `optim.lr`), "backbone" (at
-    `backbone_lr_multiplier` times it) or "frozen" (no gradient, no optimiser state, exported
-    as it was)."""
-    if _is_sparse(path):
-        names = {getattr(p, "key", getattr(p, "name", None)) for p in path}
-        return "heads" if names & set(SPARSE_HEADS[config.sparse_heads]) else "frozen"
-    return "backbone" if config.backbone_lr_multiplier > 0 else "frozen"
+    """The optimiser group of a state path: "sparse" (trained sparse heads, at `optim.lr`),
+    "frozen" (sparse heads `sparse_heads` leaves out) or "backbone" (at
+    `backbone_lr_multiplier` times the rate; frozen at 0). The names are the optimiser state's
+    keys, those of checkpoints written before `sparse_heads` existed."""
+    if not _is_sparse(path):
+        return "backbone"
+    if config.sparse_heads == "all":
+        return "sparse"
+    names = {getattr(p, "key", getattr(p, "name", None)) for p in path}
+    return "sparse" if names & set(SPARSE_HEADS[config.sparse_heads]) else "frozen"
+
+
+def _is_frozen(path, config: StageConfig) -> bool:
+    """No gradient, no optimiser state, exported as it was."""
+    role = _role(path, config)
+    return role == "frozen" or (role == "backbone" and config.backbone_lr_multiplier == 0)
 
 
 def _exported(state: dict[str, Any], config: StageConfig) -> nnx.State:
     """The weights a stage exports: the EMA, with frozen weights taken from the parameters
     (an EMA of constant weights can still move them by rounding)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, e, p: p if _role(path, config) == "frozen" else e,
-        state["ema"],
-        state["params"],
+        lambda path, e, p: p if _is_frozen(path, config) else e, state["ema"], state["params"]
     )
 
 
 def _freeze(params: nnx.State, config: StageConfig) -> nnx.State:
     """Stops the gradient of every frozen parameter (no weight gradients are computed)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.lax.stop_gradient(x) if _role(path, config) == "frozen" else x,
-        params,
+        lambda path, x: jax.lax.stop_gradient(x) if _is_frozen(path, config) else x, params
     )
 
 
@@ -602,11 +608,14 @@ def _optimizer(config: StageConfig):
     m = config.backbone_lr_multiplier
     if m == 1.0 and config.sparse_heads == "all":
         return heads
-    transforms = {"heads": heads, "frozen": optax.set_to_zero()}
-    if m > 0:
-        transforms["backbone"] = make_optimizer(
-            dataclasses.replace(config.optim, lr=config.optim.lr * m)
-        )
+    backbone = (
+        optax.set_to_zero()
+        if m == 0
+        else make_optimizer(dataclasses.replace(config.optim, lr=config.optim.lr * m))
+    )
+    transforms = {"backbone": backbone, "sparse": heads}
+    if config.sparse_heads != "all":
+        transforms["frozen"] = optax.set_to_zero()
 
     def labels(params):
         return jax.tree_util.tree_map_with_path(lambda path, _: _role(path, config), params)
