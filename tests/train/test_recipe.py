@@ -85,12 +85,18 @@ def test_profiles_and_overrides():
 
 def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
     shapes = {(b.frames, b.height, b.width) for b in PROFILES["h200"].dit.buckets}
-    assert {f for f, _, _ in shapes} == {1, 9, 17, 33}
+    assert {f for f, _, _ in shapes} == {1, 9, 17, 33, 81}
     assert {h for _, h, _ in shapes} >= {32, 48, 64}
     assert any(h != w for _, h, w in shapes)
     # ... and DVG's own space /2 grid at the default size.
     reduced = [b for b in PROFILES["h200"].dit.buckets if b.reduce != (1, 1)]
-    assert [b.name for b in reduced] == ["33x64x64/1x2", "33x64x64/4x1", "33x64x64/8x1"]
+    assert [b.name for b in reduced] == [
+        "33x64x64/1x2",
+        "33x64x64/4x1",
+        "33x64x64/8x1",
+        "81x64x64/2x1",
+        "81x64x64/4x1",
+    ]
 
 
 def test_dvg_buckets_train_on_dvgs_reduced_grid():

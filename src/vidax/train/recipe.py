@@ -10,7 +10,7 @@ with the (frozen) VAE and trains on them, all inside one compiled program per cl
    `--vae-decoder-only` only the decoder trains: the latents (and a DiT trained on them) stay
    valid, and the statistics are kept.
 2. **DiT + text encoder**: a Wan DiT and a `WordEncoder` trained together with flow matching
-   on clips of 1 (images), 9, 17 and 33 frames at 32-64 px, including a non-square size, so
+   on clips of 1 (images), 9, 17, 33 and 81 frames at 32-64 px, including a non-square size, so
    DVG's reduced grids are in distribution.
 
 Each stage runs for a wall-clock budget, not a step count: it compiles every bucket first
@@ -300,6 +300,12 @@ PROFILES: dict[str, Profile] = {
                 Bucket(frames=33, height=64, width=64, batch=48, weight=2, reduce=(1, 2)),
                 Bucket(frames=33, height=64, width=64, batch=48, weight=1, reduce=(4, 1)),
                 Bucket(frames=33, height=64, width=64, batch=48, weight=1, reduce=(8, 1)),
+                # Wan 2.1's own clip length (81 frames, 21 latent frames) and DVG's time /2 and
+                # /4 grids there (11 and 6 latent frames): the length at which reduced-time
+                # stages leave room for motion (docs/dvg.md §6.9).
+                Bucket(frames=81, height=64, width=64, batch=16, weight=2),
+                Bucket(frames=81, height=64, width=64, batch=16, weight=1, reduce=(2, 1)),
+                Bucket(frames=81, height=64, width=64, batch=16, weight=1, reduce=(4, 1)),
             ),
             seconds=330.0,
             max_steps=1_000_000,
