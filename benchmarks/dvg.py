@@ -136,8 +136,10 @@ def run_tiny(args) -> None:
     few_steps = max(1, round(steps * args.budget))
     few_solver = d.solver(sampler=args.sampler, steps=few_steps, shift=shift)
     cfg_batch = 1 if family.embedded_guidance else 2
-    # dvg runs under the preset's policy (as `pipeline.generate` does); the fixed families as asked
-    dvg_policy = dvg.Policy(spatial=spec.dvg_spatial)
+    # dvg runs under the preset's policy (as `pipeline.generate` does) unless --space says
+    # otherwise; the fixed families as asked
+    space = {"preset": spec.dvg_spatial, "on": True, "off": False}[args.space]
+    dvg_policy = dvg.Policy(spatial=space)
     if args.random:
         prompts = list(random_eval_prompts(args.random, args.seed))
         prompt_set = f"{len(prompts)} random draws from seed {args.seed}"
@@ -152,7 +154,8 @@ def run_tiny(args) -> None:
         f"model {spec.name} ({source})\n"
         f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
         f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
-        f"budget {args.budget:.3g} (token-steps), {prompt_set}"
+        f"budget {args.budget:.3g} (token-steps), {prompt_set}; "
+        f"DVG may reduce space: {'yes' if space else 'no'} (--space {args.space})"
     )
 
     def conditioning(prompt):
@@ -527,6 +530,12 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=None)
     parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--space",
+        choices=("preset", "on", "off"),
+        default="preset",
+        help="may DVG's selector reduce space (preset: the model's dvg_spatial)",
+    )
     parser.add_argument("--transformer", default=None, help="DiT safetensors (default: shipped)")
     parser.add_argument("--vae", default=None, help="VAE safetensors (default: shipped)")
     parser.add_argument("--no-tiny", action="store_true")
