@@ -534,7 +534,8 @@ def main() -> None:
         "--space",
         choices=("preset", "on", "off"),
         default="preset",
-        help="may DVG's selector reduce space (preset: the model's dvg_spatial)",
+        help="may DVG's selector reduce space (preset: the model's dvg_spatial); the dvg row "
+        "only: the fixed families run as named, --calibrate fits the default policy",
     )
     parser.add_argument("--transformer", default=None, help="DiT safetensors (default: shipped)")
     parser.add_argument("--vae", default=None, help="VAE safetensors (default: shipped)")

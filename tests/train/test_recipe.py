@@ -18,6 +18,7 @@ from vidax.train.recipe import (
     StageSettings,
     get_profile,
     lr_at,
+    reduced_token_grid,
     round_robin,
     train_all,
 )
@@ -88,7 +89,8 @@ def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
     assert {f for f, _, _ in shapes} == {1, 9, 17, 33, 81}
     assert {h for _, h, _ in shapes} >= {32, 48, 64}
     assert any(h != w for _, h, w in shapes)
-    # ... and DVG's own space /2 grid at the default size.
+    # ... and DVG's own reduced grids: space /2 and time /4, /8 at the default size, time /2
+    # and /4 at Wan's 81 frames.
     reduced = [b for b in PROFILES["h200"].dit.buckets if b.reduce != (1, 1)]
     assert [b.name for b in reduced] == [
         "33x64x64/1x2",
@@ -97,6 +99,8 @@ def test_h200_buckets_cover_the_sizes_dvg_reduces_to():
         "81x64x64/2x1",
         "81x64x64/4x1",
     ]
+    grids = {b.name: reduced_token_grid(b, (4, 4), (1, 2, 2)) for b in reduced}
+    assert grids["81x64x64/2x1"] == (11, 8, 8) and grids["81x64x64/4x1"] == (6, 8, 8)
 
 
 def test_dvg_buckets_train_on_dvgs_reduced_grid():

@@ -302,7 +302,9 @@ PROFILES: dict[str, Profile] = {
                 Bucket(frames=33, height=64, width=64, batch=48, weight=1, reduce=(8, 1)),
                 # Wan 2.1's own clip length (81 frames, 21 latent frames) and DVG's time /2 and
                 # /4 grids there (11 and 6 latent frames), what DVG's temporal stages feed the
-                # model at that length (`tiny` run8, docs/dvg.md §6.9).
+                # model at that length. `tiny` run8 trained these three at weights 4/2/2 beside
+                # a subset of the others (docs/tpu.md, fourteenth session; docs/dvg.md §6.9).
+                # Like the DVG buckets above, the reduced ones carry fewer tokens per step.
                 Bucket(frames=81, height=64, width=64, batch=16, weight=2),
                 Bucket(frames=81, height=64, width=64, batch=16, weight=1, reduce=(2, 1)),
                 Bucket(frames=81, height=64, width=64, batch=16, weight=1, reduce=(4, 1)),
