@@ -108,7 +108,6 @@ def test_dvg_buckets_train_on_dvgs_reduced_grid():
     from vidax.models.registry import get
     from vidax.nn import video_positions
     from vidax.train.dit import DiTStageConfig, dit_loss
-    from vidax.train.recipe import reduced_token_grid
 
     # 33x64x64 clips -> latent 9x16x16 -> space /2: 9x8x8 -> tokens 9x4x4 (patch 1x2x2).
     bucket = Bucket(frames=33, height=64, width=64, batch=1, reduce=(1, 2))
