@@ -22,6 +22,7 @@ import functools
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 
@@ -139,7 +140,8 @@ def run_tiny(args) -> None:
     # dvg runs under the preset's policy (as `pipeline.generate` does) unless --space says
     # otherwise; the fixed families as asked
     space = {"preset": spec.dvg_spatial, "on": True, "off": False}[args.space]
-    dvg_policy = dvg.Policy(spatial=space)
+    factors = dvg.Policy.factors if args.factors is None else args.factors
+    dvg_policy = dvg.Policy(spatial=space, factors=factors)
     if args.random:
         prompts = list(random_eval_prompts(args.random, args.seed))
         prompt_set = f"{len(prompts)} random draws from seed {args.seed}"
@@ -155,7 +157,10 @@ def run_tiny(args) -> None:
         f"video {frames}x{height}x{width} -> latent {latent[:3]}, patch {spec.config.patch_size}, "
         f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
         f"budget {args.budget:.3g} (token-steps), {prompt_set}; "
-        f"DVG may reduce space: {'yes' if space else 'no'} (--space {args.space})"
+        f"DVG may reduce space: {'yes' if space else 'no'} (--space {args.space}), "
+        f"by factors {', '.join(map(str, factors))}\n"
+        f"device: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}; JAX_PLATFORMS "
+        "picks another, cpu by default)"
     )
 
     def conditioning(prompt):
@@ -212,20 +217,32 @@ def run_tiny(args) -> None:
     for prompt in prompts:
         noise = jax.random.normal(jax.random.key(prompt.seed), (1, *latent), jnp.float32)
         inputs.append((noise, *conditioning(prompt)))
+    started = time.perf_counter()
+
+    def progress(phase: str, i: int) -> None:
+        # stderr, one line per video: a run cut off by a timeout still shows how far it got
+        print(
+            f"[{time.perf_counter() - started:7.1f}s] {phase} {i + 1}/{len(inputs)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     # Pass 1: outputs (compiles every program once).
-    for noise, cond, negative in inputs:
+    for i, (noise, cond, negative) in enumerate(inputs):
         for n in names:
             out, choice = method(n, noise, cond, negative)
             latents_out[n].append(np.asarray(out))
             choices[n].append(choice)
+        progress("sampled (first pass, compiling)", i)
     # Pass 2: timed, methods interleaved per prompt.
     for _ in range(args.repeats):
-        for noise, cond, negative in inputs:
+        for i, (noise, cond, negative) in enumerate(inputs):
             for n in names:
                 start = time.perf_counter()
                 out, _ = method(n, noise, cond, negative)
                 jax.block_until_ready(out)
                 times[n].append(time.perf_counter() - start)
+            progress("timed", i)
     # Decode and score.
     for i, prompt in enumerate(prompts):
         videos = {n: _unit(pipeline.decode(vae, jnp.asarray(latents_out[n][i]))[0]) for n in names}
@@ -236,6 +253,7 @@ def run_tiny(args) -> None:
                 results[n][-1]["latent_psnr"] = _latent_psnr(
                     latents_out[n][i], latents_out["full"][i]
                 )
+        progress("decoded and scored", i)
 
     full_flops = steps * hlo_step_flops(args.model, latent[:3], cfg_batch)
     summary = {n: metrics.summarise(results[n]) for n in names}
@@ -536,6 +554,13 @@ def main() -> None:
         default="preset",
         help="may DVG's selector reduce space (preset: the model's dvg_spatial); the dvg row "
         "only: the fixed families run as named, --calibrate fits the default policy",
+    )
+    parser.add_argument(
+        "--factors",
+        type=lambda v: tuple(int(f) for f in v.split(",")),
+        default=None,
+        help="reduction factors DVG's selector may use, e.g. 2 or 2,4 (default: the policy's "
+        "2,4,8); the dvg row only",
     )
     parser.add_argument("--transformer", default=None, help="DiT safetensors (default: shipped)")
     parser.add_argument("--vae", default=None, help="VAE safetensors (default: shipped)")

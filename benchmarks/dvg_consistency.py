@@ -37,7 +37,7 @@ from vidax.models.registry import get
 from vidax.models.weights import load_text_encoder
 from vidax.text import embed_prompts
 
-GRIDS = {"time /2": (2, 1), "space /2": (1, 2), "space /4": (1, 4)}
+GRIDS = {"time /2": (2, 1), "time /4": (4, 1), "space /2": (1, 2), "space /4": (1, 4)}
 SIGMAS = (0.95, 0.8, 0.6, 0.4)
 
 
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--weights", type=Path, help="weights folder (vidax eval --weights)")
     parser.add_argument("--limit", type=int, default=8, help="first N fixed prompts")
+    parser.add_argument("--frames", type=int, help="video frames (default: the preset's)")
     parser.add_argument(
         "--rope",
         choices=("scaled", "compact"),
@@ -92,6 +93,7 @@ def main() -> None:
             spec,
             prompt.caption,
             seed=prompt.seed,
+            num_frames=args.frames,
             transformer=transformer,
             text_encoder=text_encoder,
             decode_frames=False,
@@ -121,8 +123,8 @@ def main() -> None:
                 errors[name][sigma].append(float(err))
         print(f"{prompt.name} done", flush=True)
     print(
-        f"\nmodel {args.model}, {args.limit} prompts, rope {args.rope}: relative squared error "
-        "of x0 predictions"
+        f"\nmodel {args.model}, {args.limit} prompts, latent {latent}, rope {args.rope}: "
+        "relative squared error of x0 predictions"
     )
     print("| grid | " + " | ".join(f"sigma {s}" for s in SIGMAS) + " |")
     print("|---|" + "---|" * len(SIGMAS))
