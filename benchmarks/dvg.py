@@ -28,6 +28,7 @@ import warnings
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import imageio.v3 as iio
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,7 @@ from flax import nnx
 
 from vidax import dvg, metrics, pipeline
 from vidax.data import EVAL_PROMPTS, random_eval_prompts
-from vidax.eval.harness import TABLE_METRICS
+from vidax.eval.harness import TABLE_METRICS, video_grid
 from vidax.models.registry import get, get_vae
 from vidax.planner.hlo import analyze_hlo
 from vidax.sampling import step_cache
@@ -244,8 +245,12 @@ def run_tiny(args) -> None:
                 times[n].append(time.perf_counter() - start)
             progress("timed", i)
     # Decode and score.
+    sheet_rows = []
     for i, prompt in enumerate(prompts):
-        videos = {n: _unit(pipeline.decode(vae, jnp.asarray(latents_out[n][i]))[0]) for n in names}
+        decoded = {
+            n: np.asarray(pipeline.decode(vae, jnp.asarray(latents_out[n][i]))[0]) for n in names
+        }
+        videos = {n: _unit(v) for n, v in decoded.items()}
         for n in names:
             ref = None if n == "full" else videos["full"]
             results[n].append(metrics.evaluate(videos[n], prompt.spec, reference=ref))
@@ -253,7 +258,19 @@ def run_tiny(args) -> None:
                 results[n][-1]["latent_psnr"] = _latent_psnr(
                     latents_out[n][i], latents_out["full"][i]
                 )
+        if args.sheet:
+            labels = {
+                n: f"{n} {results[n][-1]['psnr']:.1f} dB, adh {results[n][-1]['caption_adherence']:.2f}"
+                for n in names
+            }
+            labels["full"] = f"full, adh {results['full'][-1]['caption_adherence']:.2f}"
+            sheet_rows.append(
+                (f"{prompt.name}: {prompt.caption}", [(labels[n], decoded[n]) for n in names])
+            )
         progress("decoded and scored", i)
+    if args.sheet:
+        iio.imwrite(args.sheet, video_grid(sheet_rows, frames=args.sheet_frames, scale=1))
+        print(f"contact sheet (rows: videos; columns: {', '.join(names)}): {args.sheet}")
 
     full_flops = steps * hlo_step_flops(args.model, latent[:3], cfg_batch)
     summary = {n: metrics.summarise(results[n]) for n in names}
@@ -562,6 +579,12 @@ def main() -> None:
         help="reduction factors DVG's selector may use, e.g. 2 or 2,4 (default: the policy's "
         "2,4,8); the dvg row only",
     )
+    parser.add_argument(
+        "--sheet",
+        default=None,
+        help="write a contact sheet (PNG): a row per video, its methods side by side",
+    )
+    parser.add_argument("--sheet-frames", type=int, default=5, help="frames per video on the sheet")
     parser.add_argument("--transformer", default=None, help="DiT safetensors (default: shipped)")
     parser.add_argument("--vae", default=None, help="VAE safetensors (default: shipped)")
     parser.add_argument("--no-tiny", action="store_true")

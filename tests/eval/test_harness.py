@@ -15,6 +15,7 @@ from vidax.eval.harness import (
     evaluate_prompts,
     format_table,
     prompt_seeds,
+    video_grid,
     write_report,
 )
 
@@ -75,6 +76,35 @@ def test_contact_sheet_layout():
     assert red.any()
     with pytest.raises(ValueError):
         contact_sheet(report, frames=0)
+
+
+def test_video_grid_places_each_video_in_its_row_and_column():
+    # Videos of one flat colour each: the grid shows each colour at its row and column.
+    colours = [[(1.0, 0.0, 0.0), (0.0, 1.0, 0.0)], [(0.0, 0.0, 1.0), (1.0, 1.0, 0.0)]]
+    rows = [
+        (
+            f"row {r}",
+            [
+                ("" if c else "label", np.broadcast_to(np.asarray(col), (5, 8, 8, 3)))
+                for c, col in enumerate(cols)
+            ],
+        )
+        for r, cols in enumerate(colours)
+    ]
+    grid = video_grid(rows, frames=3, scale=2)
+    gap, text_h, tile = 4, 14, 16
+    strip = 3 * tile + gap
+    assert grid.shape == (gap + 2 * (tile + text_h + gap), gap + 2 * strip, 3)
+    for r, cols in enumerate(colours):
+        for c, col in enumerate(cols):
+            # the bottom-right pixel of the last frame's tile (no label text drawn there)
+            y = gap + r * (tile + text_h + gap) + text_h + tile - 1
+            x = gap + c * strip + 3 * tile - 1
+            assert tuple(grid[y, x]) == tuple(int(v * 255) for v in col)
+    with pytest.raises(ValueError, match="one"):
+        video_grid([("a", [("x", np.zeros((5, 8, 8, 3))), ("y", np.zeros((5, 8, 9, 3)))])])
+    with pytest.raises(ValueError, match="at least one video"):
+        video_grid([("a", [])])
 
 
 def test_write_report_files(tmp_path):

@@ -446,36 +446,61 @@ def contact_sheet(
         scale: nearest-neighbour upscaling of each frame.
         reference: a key of `report.references` to show first on each row, or None.
     """
-    if frames < 1 or scale < 1:
-        raise ValueError(f"frames and scale must be >= 1, got {frames}, {scale}")
     rows: dict[str, list[Sample]] = {}
     for s in report.samples:
         rows.setdefault(s.prompt.name, []).append(s)
     refs = {s.prompt.name: s for s in report.references.get(reference, [])} if reference else {}
-    t, h, w, _ = report.samples[0].frames.shape
+    grid = []
+    for name, samples in rows.items():
+        videos = [("", refs[name].frames)] if name in refs else []
+        videos += [
+            (f"seed {s.seed}: adherence {s.metrics['caption_adherence']:.2f}", s.frames)
+            for s in samples
+        ]
+        grid.append((f"{name}: {samples[0].prompt.caption}", videos))
+    return video_grid(grid, frames=frames, scale=scale)
+
+
+def video_grid(
+    rows: Sequence[tuple[str, Sequence[tuple[str, np.ndarray]]]],
+    *,
+    frames: int = 6,
+    scale: int = 2,
+) -> np.ndarray:
+    """A uint8 image (H, W, 3) of labelled videos side by side, a titled row each.
+
+    Args:
+        rows: (title, [(label, video), ...]) per row; a video is (T, H, W, 3) in [0, 1], all of
+          one shape; an empty label draws none.
+        frames: evenly spaced frames shown per video.
+        scale: nearest-neighbour upscaling of each frame.
+    """
+    if frames < 1 or scale < 1:
+        raise ValueError(f"frames and scale must be >= 1, got {frames}, {scale}")
+    if not rows or not all(videos for _, videos in rows):
+        raise ValueError("video_grid needs at least one video in every row")
+    shapes = {video.shape for _, videos in rows for _, video in videos}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 4:
+        raise ValueError(f"video_grid needs videos of one (T, H, W, 3) shape, got {shapes}")
+    t, h, w, _ = shapes.pop()
     pick = np.linspace(0, t - 1, frames).round().astype(int)
     tile_h, tile_w = h * scale, w * scale
     gap, text_h = 4, 14
-    videos_per_row = max(len(v) for v in rows.values()) + (1 if refs else 0)
     strip_w = frames * tile_w + gap
-    width = videos_per_row * strip_w + gap
+    width = max(len(videos) for _, videos in rows) * strip_w + gap
     row_h = tile_h + text_h + gap
     image = Image.new("RGB", (width, len(rows) * row_h + gap), (24, 24, 24))
     draw = ImageDraw.Draw(image)
-    for r, (name, samples) in enumerate(rows.items()):
+    for r, (title, videos) in enumerate(rows):
         y = gap + r * row_h
-        videos = ([refs[name]] if name in refs else []) + samples
-        labels = (["truth"] if name in refs else []) + [
-            f"seed {s.seed}: adherence {s.metrics['caption_adherence']:.2f}" for s in samples
-        ]
-        draw.text((gap, y), f"{name}: {samples[0].prompt.caption}", fill=(230, 230, 230))
-        for c, (sample, label) in enumerate(zip(videos, labels, strict=True)):
+        draw.text((gap, y), title, fill=(230, 230, 230))
+        for c, (label, video) in enumerate(videos):
             x0 = gap + c * strip_w
             for k, f in enumerate(pick):
-                tile = np.clip(sample.frames[f] * 255.0 + 0.5, 0, 255).astype(np.uint8)
+                tile = np.clip(video[f] * 255.0 + 0.5, 0, 255).astype(np.uint8)
                 tile = tile.repeat(scale, axis=0).repeat(scale, axis=1)
                 image.paste(Image.fromarray(tile), (x0 + k * tile_w, y + text_h))
-            if c > 0 or not refs:
+            if label:
                 draw.text((x0 + 2, y + text_h + 2), label, fill=(255, 255, 255))
     return np.asarray(image)
 
