@@ -196,6 +196,8 @@ def test_settled_when_the_content_cannot_change_the_choice():
     assert got.cost == pytest.approx(
         selector.cheapest(latent, patch, SOLVER.sigmas, policy=temporal)
     )
+    # asked again (every video of a run asks), the answer comes from the cache
+    assert selector.settled(latent, patch, list(SOLVER.sigmas), 0.2, policy=temporal) is got
     # with spatial and joint ladders, still and detailed videos pick differently: not settled
     assert selector.settled(latent, patch, SOLVER.sigmas, 0.2) is None
     still = selector.select(latent, patch, SOLVER.sigmas, 0.2, (0.0, 1.0))

@@ -385,13 +385,20 @@ def settled(
     measuring the video would change nothing, and the probe's steps are saved.
     """
     sigmas = tuple(float(v) for v in np.asarray(base_sigmas, np.float64))
-    table = functools.partial(_table, tuple(latent), tuple(patch), sigmas)
-    found, terms, costs = table(float(budget), policy, tuple(families), None)
+    return _settled(tuple(latent), tuple(patch), sigmas, float(budget), policy, tuple(families))
+
+
+# Cached: the 121 rankings take ~10 ms of host time per call, as long as a whole `tiny` video
+# on an accelerator, and a run asks the same question for every video.
+@functools.lru_cache(maxsize=64)
+def _settled(latent, patch, sigmas, budget, policy, families) -> Choice | None:
+    table = functools.partial(_table, latent, patch, sigmas)
+    found, terms, costs = table(budget, policy, families, None)
     if not found:
         lowest = cheapest(latent, patch, sigmas, policy=policy, families=families)
         if lowest is None:
             return None
-        found, terms, costs = table(lowest, policy, tuple(families), None)
+        found, terms, costs = table(lowest, policy, families, None)
     grid = np.linspace(0.0, 1.0, 11)
     first = _pick(found, terms, costs, (0.0, 0.0), policy)
     for m, d in itertools.product(grid, grid):
