@@ -146,8 +146,7 @@ def run_tiny(args) -> None:
     # dvg runs under the preset's policy (as `pipeline.generate` does) unless --space says
     # otherwise; the fixed families as asked
     space = {"preset": spec.dvg_spatial, "on": True, "off": False}[args.space]
-    factors = dvg.Policy.factors if args.factors is None else args.factors
-    dvg_policy = dvg.Policy(spatial=space, factors=factors)
+    dvg_policy = dvg.Policy(spatial=space, factors=args.factors)
     if args.random:
         prompts = list(random_eval_prompts(args.random, args.seed))
         prompt_set = f"{len(prompts)} random draws from seed {args.seed}"
@@ -164,7 +163,7 @@ def run_tiny(args) -> None:
         f"{solver.__class__.__name__} {steps} steps shift {shift}, guidance {guidance}, "
         f"budget {args.budget:.3g} (token-steps), {prompt_set}; "
         f"DVG may reduce space: {'yes' if space else 'no'} (--space {args.space}), "
-        f"by factors {', '.join(map(str, factors))}\n"
+        f"by factors {', '.join(map(str, args.factors))}\n"
         f"device: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}; JAX_PLATFORMS "
         "picks another, cpu by default); FLOPs counted on CPU-compiled HLO"
     )
@@ -581,9 +580,9 @@ def main() -> None:
     parser.add_argument(
         "--factors",
         type=lambda v: tuple(int(f) for f in v.split(",")),
-        default=None,
-        help="reduction factors DVG's selector may use, e.g. 2 or 2,4 (default: the policy's "
-        "2,4,8); the dvg row only",
+        default=dvg.Policy.factors,
+        help="reduction factors DVG's selector may use, e.g. 2 or 2,4 (default: the policy's, "
+        f"{','.join(map(str, dvg.Policy.factors))}); the dvg row only",
     )
     parser.add_argument(
         "--sheet",
